@@ -1,0 +1,1 @@
+"""diffusion katas: a pytest plugin that grades diffusion-inference katas against diffusers."""

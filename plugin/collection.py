@@ -1,0 +1,229 @@
+"""Collection: a kata file becomes one pytest item per (kata function, check) of its grader.
+
+`katas/01_forward_noise.py` is graded by `plugin/graders/01_forward_noise.py` (same file name: the
+kata id is the file stem, never typed anywhere else). With --solutions, the same items load their
+functions from `solutions/01_forward_noise.py` instead.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import traceback
+import zlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from plugin import state
+from plugin.spec import Check, Kata, KataFailure, Scenario
+
+
+class KataTodo(Exception):
+    """The learner's function still raises NotImplementedError: not attempted yet."""
+
+
+class LearnerCrash(Exception):
+    """The learner's function raised; the original exception is the __cause__."""
+
+    def __init__(self, context: str, exc: BaseException):
+        super().__init__(context)
+        self.context = context
+        self.exc = exc
+
+
+def lab_title(path: Path) -> str:
+    """The first line of a kata file's docstring ("Lab 01 · Forward noise"), or its stem."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    except (SyntaxError, OSError, ValueError):
+        doc = None
+    return doc.strip().splitlines()[0].rstrip(".") if doc else path.stem
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def grader_katas(config: pytest.Config, grader_path: Path) -> list[Kata]:
+    """The Kata objects a grader module declares, in declaration order (loaded once a session)."""
+    cache = config.stash[state.GRADERS]
+    if grader_path not in cache:
+        module = load_module(grader_path, f"kata_grader_{grader_path.stem}")
+        cache[grader_path] = [v for v in vars(module).values() if isinstance(v, Kata)]
+    return cache[grader_path]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    session = parent.config.stash.get(state.SESSION, None)
+    if session is None or file_path.suffix != ".py":
+        return None
+    if file_path.parent not in (session.kata_dir, session.solutions_dir):
+        return None
+    grader = session.graders_dir / file_path.name
+    if not grader.is_file():
+        return None
+    return KataFile.from_parent(parent, path=file_path)
+
+
+class KataFile(pytest.File):
+    """A kata (or solution) file; its items come from the grader of the same name."""
+
+    def collect(self):
+        session = self.config.stash[state.SESSION]
+        self.lab = self.path.stem
+        self.source = self.path
+        if session.grade_solutions and self.path.parent == session.kata_dir:
+            self.source = session.solutions_dir / self.path.name
+        self.title = lab_title(self.source)
+        self._module: ModuleType | None = None
+        self._import_error: BaseException | None = None
+        self._imported = False
+        for kata in grader_katas(self.config, session.graders_dir / self.path.name):
+            for check in kata.checks:
+                item = KataItem.from_parent(self, name=check.id, check=check)
+                for mark in check.marks:
+                    item.add_marker(mark)
+                if session.timeout and self.config.pluginmanager.hasplugin("timeout"):
+                    item.add_marker(pytest.mark.timeout(session.timeout))
+                yield item
+
+    def learner_module(self) -> ModuleType:
+        """Import the learner's file once; a syntax or import error fails each item plainly."""
+        if not self._imported:
+            self._imported = True
+            kind = "solution" if self.source.parent.name != self.path.parent.name else "kata"
+            try:
+                self._module = load_module(self.source, f"_{kind}_{self.lab}")
+            except FileNotFoundError as exc:
+                self._import_error = exc
+            except BaseException as exc:  # SyntaxError, ImportError, a crash at import time
+                self._import_error = exc
+        if self._import_error is not None:
+            raise KataFailure(self._import_message(self._import_error))
+        return self._module
+
+    def _import_message(self, exc: BaseException) -> str:
+        rel = self.config.stash[state.SESSION].rel(self.source)
+        if isinstance(exc, FileNotFoundError):
+            return f"{rel} is missing: restore it with `python -m plugin.derive` (or from git)."
+        if isinstance(exc, SyntaxError):
+            return (f"{rel} does not parse: {exc.msg} at line {exc.lineno}\n"
+                    f"    {(exc.text or '').rstrip()}\n"
+                    "Fix the syntax error; every kata in this file is graded once it imports.")
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(self.source)]
+        where = f" at line {frames[-1].lineno}" if frames else ""
+        return (f"importing {rel} failed{where}: {type(exc).__name__}: {exc}\n"
+                "Kata files may import torch and the standard library; fix the import to be graded.")
+
+
+class KataItem(pytest.Item):
+    """One check of one kata function, run over all of its cases."""
+
+    def __init__(self, *, check: Check, **kwargs):
+        super().__init__(**kwargs)
+        self.check = check
+        self.kata = check.kata
+        self.last_context = ""
+
+    @property
+    def lab(self) -> str:
+        return self.parent.lab
+
+    def seed(self) -> int:
+        base = self.config.stash[state.SESSION].seed
+        return (base + zlib.crc32(f"{self.lab}:{self.check.id}".encode())) % 2**31
+
+    def runtest(self) -> None:
+        import torch
+
+        from plugin.comparison import mismatch
+        from plugin.isolation import AnswerKeyError, call_learner
+        from plugin.tolerances import for_dtype
+
+        module = self.parent.learner_module()
+        fn = getattr(module, self.kata.name, None)
+        if not callable(fn):
+            raise KataFailure(
+                f"{self.config.stash[state.SESSION].rel(self.parent.source)} has no function "
+                f"`{self.kata.name}` (deleted or renamed?). Keep the name and signature from the kata.")
+        seed = self.seed()
+        torch.manual_seed(seed)  # models and adapters built inside a check draw from the global RNG
+        g = torch.Generator().manual_seed(seed)
+        total = len(self.check.cases)
+        for number, case in enumerate(self.check.cases, 1):
+            built = self.check.build(case, g)
+            scenarios = [built] if isinstance(built, Scenario) else list(built)
+            for scenario in scenarios:
+                self.last_context = self._context(number, total, case, scenario)
+                try:
+                    out = call_learner(fn, scenario.inputs, self.kata.answer_key, self.kata.name)
+                except KataFailure as exc:
+                    raise KataFailure(f"{self.last_context}\n{exc}") from None
+                except NotImplementedError as exc:
+                    if _raised_in(exc, self.parent.source):
+                        raise KataTodo(self.kata.name) from None
+                    raise LearnerCrash(self.last_context, exc) from exc
+                except AnswerKeyError as exc:
+                    raise KataFailure(f"{self.last_context}\n{exc}") from None
+                except Exception as exc:
+                    raise LearnerCrash(self.last_context, exc) from exc
+                if scenario.verify is not None:
+                    try:
+                        scenario.verify(out)
+                    except KataFailure as exc:
+                        raise KataFailure(f"{self.last_context}\n{exc}") from None
+                tol = for_dtype(self.check.tol, getattr(scenario.expected, "dtype", None))
+                problem = mismatch(out, scenario.expected, tol)
+                if problem:
+                    raise KataFailure(self._failure(problem, scenario, out, tol))
+
+    def _context(self, number: int, total: int, case: dict, scenario: Scenario) -> str:
+        from plugin.comparison import describe
+
+        parts = [f"{self.kata.name} · check '{self.check.name}' · case {number}/{total}"]
+        if case:
+            parts.append("(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")")
+        if scenario.label:
+            parts.append(f"· {scenario.label}")
+        inputs = ", ".join(f"{k}={describe(v)}" for k, v in scenario.inputs.items())
+        return " ".join(parts) + f"\n  inputs: {inputs}"
+
+    def _failure(self, problem: str, scenario: Scenario, out: Any, tol) -> str:
+        from plugin.comparison import matches
+        from plugin.isolation import fresh
+
+        lines = [self.last_context, f"  {problem}"]
+        for trap in self.kata.traps:
+            try:
+                wrong = trap.fn(**fresh(scenario.inputs))
+            except Exception:
+                continue
+            if matches(out, wrong, tol) and not matches(scenario.expected, wrong, tol):
+                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
+                break
+        return "\n".join(lines)
+
+    def repr_failure(self, excinfo, style=None):
+        from plugin import reporting
+
+        return reporting.failure_text(self, excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.lab}::{self.check.id}"
+
+
+def _raised_in(exc: BaseException, source: Path) -> bool:
+    """Whether the exception's innermost frame is in the learner's file (the TODO stub)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].filename == str(source)

@@ -1,0 +1,165 @@
+"""Reporting: TODO as its own status, failure messages that teach, the per-lab progress table.
+
+A kata function still raising NotImplementedError is reported as TODO ("T" / "TODO"), not as a
+failure with a traceback; the run still exits non-zero until every kata passes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+
+from plugin import state
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say what is graded and with which seed."""
+    session = config.stash[state.SESSION]
+    what = session.rel(session.solutions_dir if session.grade_solutions else session.kata_dir)
+    return [f"katas: grading {what}/ with seed {session.seed} "
+            f"(reproduce with --kata-seed {session.seed})"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    from plugin.collection import KataItem, KataTodo
+
+    if not isinstance(item, KataItem):
+        return report
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if call.excinfo is not None and call.excinfo.errisinstance(KataTodo):
+            status = "todo"
+        else:
+            status = report.outcome
+        report.kata_status = status
+        session = item.config.stash[state.SESSION]
+        session.results.append((item.lab, item.parent.title, item.kata.name, item.check.name, status))
+    return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    if getattr(report, "kata_status", None) == "todo":
+        return "todo", "T", ("TODO", {"yellow": True})
+    return None
+
+
+def hint_lines(item, first_only: bool = False) -> list[str]:
+    """The hint tiers this learner has earned for this function (one more per repeated failure)."""
+    session = item.config.stash[state.SESSION]
+    hints = item.kata.hints
+    if not hints:
+        return []
+    if first_only:
+        tiers = 1
+    elif session.hint_tiers is not None:
+        tiers = session.hint_tiers
+    else:
+        tiers = min(len(hints), session.failures.get(f"{item.lab}::{item.kata.name}", 0) + 1)
+    names = ("nudge", "the math", "near code")
+    lines = [f"  hint {i + 1} ({names[i] if i < 3 else 'more'}): {h}" for i, h in enumerate(hints[:tiers])]
+    if tiers < len(hints) and not first_only:
+        lines.append(f"  (fail again for hint {tiers + 1}, or pass --kata-hints {len(hints)} to see all)")
+    return lines
+
+
+def reproduce_line(item) -> str:
+    session = item.config.stash[state.SESSION]
+    flags = " --solutions" if session.grade_solutions else ""
+    return f'  reproduce: python -m pytest "{item.nodeid}" --kata-seed {session.seed}{flags}'
+
+
+def failure_text(item, excinfo) -> str:
+    """The learner-facing text for a failed kata item."""
+    from plugin.collection import KataTodo, LearnerCrash
+    from plugin.spec import KataFailure
+
+    session = item.config.stash[state.SESSION]
+    rel = session.rel(item.parent.source)
+    if excinfo.errisinstance(KataTodo):
+        return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
+    if excinfo.errisinstance(KataFailure):
+        body = str(excinfo.value)
+    elif excinfo.errisinstance(LearnerCrash):
+        crash = excinfo.value
+        exc = crash.exc
+        body = (f"{crash.context}\n  your function raised {type(exc).__name__}: {exc}\n"
+                + _learner_frames(exc, item.parent.source, session))
+    elif excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
+        body = (f"{item.last_context or item.kata.name}\n  timed out after {session.timeout:g} s "
+                "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
+    else:
+        return str(pytest.Item.repr_failure(item, excinfo))
+    return "\n".join([body, *hint_lines(item), reproduce_line(item)])
+
+
+def _learner_frames(exc: BaseException, source, session) -> str:
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(source)]
+    if not frames:
+        frames = traceback.extract_tb(exc.__traceback__)[-1:]
+    return "".join(f"    {session.rel(type(source)(f.filename))}:{f.lineno} in {f.name}\n"
+                   f"      {(f.line or '').strip()}\n" for f in frames)
+
+
+def progress(session: state.KataSession):
+    """Per lab: title and, per function in order, its status (todo / failed / passed / skipped)."""
+    labs: OrderedDict[str, tuple[str, OrderedDict[str, str]]] = OrderedDict()
+    rank = {"failed": 3, "todo": 2, "skipped": 1, "passed": 0}
+    for lab, title, function, _check, status in session.results:
+        functions = labs.setdefault(lab, (title, OrderedDict()))[1]
+        previous = functions.get(function, "passed")
+        functions[function] = max(previous, status, key=lambda s: rank[s])
+    return labs
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    """The kata progress table, then the next function to work on and its first hint."""
+    session = config.stash[state.SESSION]
+    labs = progress(session)
+    if not labs:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "kata progress", cyan=True, bold=True)
+    width = max(len(title) for title, _ in labs.values())
+    next_up = None
+    for lab, (title, functions) in labs.items():
+        solved = sum(s == "passed" for s in functions.values())
+        total = len(functions)
+        bar = "#" * solved + "." * (total - solved)
+        tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
+        for function, status in functions.items():
+            if next_up is None and status in ("todo", "failed"):
+                next_up = (lab, function, status)
+    if next_up is None:
+        tr.write_line("  every graded kata function passes.", green=True, bold=True)
+        return
+    lab, function, status = next_up
+    where = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir)
+                        / f"{lab}.py")
+    verb = "write" if status == "todo" else "fix"
+    tr.write_line(f"  next: {verb} `{function}` in {where}", yellow=True, bold=True)
+    from plugin.collection import grader_katas
+
+    for kata in grader_katas(config, session.graders_dir / f"{lab}.py"):
+        if kata.name == function and kata.hints:
+            tr.write_line(f"  hint: {kata.hints[0]}")
+    tr.write_line(f"  then: python -m pytest {where}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remember consecutive failures per function, so hints are revealed progressively."""
+    config = session.config
+    kata_session = config.stash.get(state.SESSION, None)
+    if kata_session is None or getattr(config, "cache", None) is None or not kata_session.results:
+        return
+    failures = dict(kata_session.failures)
+    for lab, (_title, functions) in progress(kata_session).items():
+        for function, status in functions.items():
+            key = f"{lab}::{function}"
+            if status == "failed":
+                failures[key] = failures.get(key, 0) + 1
+            elif status == "passed":
+                failures.pop(key, None)
+    config.cache.set("katas/failures", failures)

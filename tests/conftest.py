@@ -1,0 +1,86 @@
+"""Fixtures for the project's own tests.
+
+`grade_mutant` grades a wrong implementation of one kata function through the real grader: it takes
+the solution file, swaps one function's solution block for the given body, and runs the plugin on it.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch  # noqa: F401  (imported before any pytester snapshot: torch cannot be imported twice)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def graders_loaded():
+    """Import every grader's dependencies (diffusers, peft) once, before pytester snapshots sys.modules.
+
+    Pytester removes modules imported during an inline run; torch and its extensions must not be
+    imported a second time in one process.
+    """
+    import importlib.util
+
+    for path in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_preload_{path.stem}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def replace_solution_block(source: str, function: str, body: str) -> str:
+    """`source` with the solution block of `def function` replaced by `body` (dedented text)."""
+    lines = source.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if re.match(rf"\s*def {function}\(", line)), None)
+    if start is None:
+        raise LookupError(f"no def {function}( in the solution")
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+    new = textwrap.indent(textwrap.dedent(body).strip("\n") + "\n", indent)
+    return "".join(lines[:begin]) + new + "".join(lines[end + 1:])
+
+
+@dataclass
+class Graded:
+    """The outcome of grading one kata function: its status and the learner-facing text."""
+
+    status: str  # passed / failed / todo (the worst over the function's checks)
+    text: str  # the failure messages, joined
+
+    def __str__(self) -> str:
+        return f"{self.status}\n{self.text}"
+
+
+def kata_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini(
+        "[pytest]\n"
+        "kata_dir = katas\n"
+        "kata_solutions_dir = solutions\n"
+        f"kata_graders_dir = {REPO / 'plugin' / 'graders'}\n"
+    )
+
+
+@pytest.fixture
+def grade_mutant(graders_loaded, pytester: pytest.Pytester):
+    """grade_mutant(lab, function, body, *args) -> Graded, for a wrong body of one kata function."""
+
+    def grade(lab: str, function: str, body: str, *args: str) -> Graded:
+        source = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
+        kata_ini(pytester)
+        katas = pytester.path / "katas"
+        katas.mkdir(exist_ok=True)
+        (katas / f"{lab}.py").write_text(replace_solution_block(source, function, body), encoding="utf-8")
+        recorder = pytester.inline_run("-p", "plugin.plugin", f"katas/{lab}.py", "--kata-seed", "7",
+                                       "-p", "no:cacheprovider", *args)
+        reports = [r for r in recorder.getreports("pytest_runtest_logreport")
+                   if r.nodeid.startswith(f"katas/{lab}.py::{function}[") and hasattr(r, "kata_status")]
+        assert reports, f"no kata items graded for {function}"
+        rank = {"failed": 3, "todo": 2, "skipped": 1, "passed": 0}
+        status = max((r.kata_status for r in reports), key=rank.__getitem__)
+        text = "\n".join(str(r.longrepr) for r in reports if r.longrepr)
+        return Graded(status, text)
+
+    return grade

@@ -1,0 +1,107 @@
+"""Lab 01: wrong-but-plausible implementations fail, and the commonest ones are named."""
+import pytest
+
+LAB = "01_forward_noise"
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("scaled_linear_betas",
+     "return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)",
+     "a linspace over β itself"),
+    ("scaled_linear_betas",
+     "return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32).sqrt()",
+     "√ of a linspace over β"),
+    ("cosine_betas",
+     """
+     f = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+     T = num_train_timesteps
+     return torch.tensor([1 - f((i + 1) / T) / f(i / T) for i in range(T)], dtype=torch.float32)
+     """,
+     "the cap at max_beta is missing"),
+    ("cosine_betas",
+     """
+     f = lambda t: math.cos(t * math.pi / 2) ** 2
+     T = num_train_timesteps
+     return torch.tensor([min(1 - f((i + 1) / T) / f(i / T), max_beta) for i in range(T)], dtype=torch.float32)
+     """,
+     "the 0.008 offset is missing"),
+    ("alphas_cumprod", "return torch.cumprod(betas, dim=0)", "a running product of β"),
+    ("alphas_cumprod", "return 1 - torch.cumsum(betas, dim=0)", "a running sum"),
+    ("add_noise",
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
+     return a * x0 + (1 - a) * noise
+     """,
+     "ᾱ_t used where √ᾱ_t belongs"),
+    ("add_noise",
+     """
+     a = alphas_cumprod[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
+     return (a.sqrt() * x0.float() + (1 - a).sqrt() * noise.float()).to(x0.dtype)
+     """,
+     "computed in float32 and cast"),
+    ("add_noise",  # no per-sample broadcast: a shape error from the learner's own line
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps]
+     return a.sqrt() * x0 + (1 - a).sqrt() * noise
+     """,
+     None),
+    ("add_noise",  # one timestep for the whole batch
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps[0]]
+     return a.sqrt() * x0 + (1 - a).sqrt() * noise
+     """,
+     None),
+    ("velocity",
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
+     return (1 - a).sqrt() * x0 - a.sqrt() * noise
+     """,
+     "the sign flipped"),
+    ("velocity",
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
+     return a.sqrt() * x0 - (1 - a).sqrt() * noise
+     """,
+     "x_0 and ε swapped"),
+    ("rescale_zero_terminal_snr",
+     """
+     s = torch.cumprod(1 - betas, 0).sqrt()
+     s = s - s[-1].clone()
+     a = s ** 2
+     return 1 - torch.cat([a[:1], a[1:] / a[:-1]])
+     """,
+     "shifted but not rescaled"),
+    ("rescale_zero_terminal_snr",
+     """
+     out = betas.clone()
+     out[-1] = 1.0
+     return out
+     """,
+     "only the last β set to 1"),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_changing_the_input_in_place_fails_even_with_the_right_values(grade_mutant):
+    graded = grade_mutant(LAB, "alphas_cumprod", """
+        betas.mul_(-1).add_(1)
+        return torch.cumprod(betas, dim=0)
+    """)
+    assert graded.status == "failed"
+    assert "changed its input(s) betas in place" in graded.text
+
+
+def test_calling_the_diffusers_answer_key_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "add_noise", """
+        from diffusers import DDPMScheduler
+        return DDPMScheduler().add_noise(x0, noise, timesteps)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text
