@@ -43,8 +43,7 @@ scaled_linear_betas = Kata(
 )
 
 
-@scaled_linear_betas.check("matches DDPMScheduler(beta_schedule='scaled_linear').betas",
-                           cases=SCHEDULES, tol=SCHEDULE)
+@scaled_linear_betas.check("vs DDPMScheduler.betas", cases=SCHEDULES, tol=SCHEDULE)
 def _(case, g):
     return Scenario(inputs=dict(case), expected=scheduler("scaled_linear", **case).betas)
 
@@ -76,7 +75,7 @@ cosine_betas = Kata(
 )
 
 
-@cosine_betas.check("matches betas_for_alpha_bar (squaredcos_cap_v2)",
+@cosine_betas.check("vs betas_for_alpha_bar",
                     cases=[dict(num_train_timesteps=1000), dict(num_train_timesteps=50, max_beta=0.999),
                            dict(num_train_timesteps=20, max_beta=0.5)], tol=SCHEDULE)
 def _(case, g):
@@ -121,7 +120,7 @@ alphas_cumprod = Kata(
 )
 
 
-@alphas_cumprod.check("matches DDPMScheduler(...).alphas_cumprod",
+@alphas_cumprod.check("vs DDPMScheduler.alphas_cumprod",
                       cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
                              dict(schedule="squaredcos_cap_v2")], tol=SCHEDULE)
 def _(case, g):
@@ -190,7 +189,7 @@ add_noise = Kata(
 )
 
 
-@add_noise.check("matches DDPMScheduler.add_noise", cases=NOISE_CASES, tol=SCHEDULE)
+@add_noise.check("vs DDPMScheduler.add_noise", cases=NOISE_CASES, tol=SCHEDULE)
 def _(case, g):
     return noise_scenario(case, g, "add_noise")
 
@@ -238,7 +237,7 @@ velocity = Kata(
 )
 
 
-@velocity.check("matches DDPMScheduler.get_velocity", cases=NOISE_CASES, tol=SCHEDULE)
+@velocity.check("vs DDPMScheduler.get_velocity", cases=NOISE_CASES, tol=SCHEDULE)
 def _(case, g):
     return noise_scenario(case, g, "get_velocity")
 
@@ -271,7 +270,7 @@ rescale_zero_terminal_snr = Kata(
 )
 
 
-@rescale_zero_terminal_snr.check("matches rescale_zero_terminal_snr",
+@rescale_zero_terminal_snr.check("vs rescale_zero_terminal_snr",
                                  cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
                                         dict(schedule="linear", num_train_timesteps=64)], tol=SCHEDULE)
 def _(case, g):

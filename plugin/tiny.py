@@ -1,0 +1,74 @@
+"""Tiny random-weight diffusers models built from configs: offline, deterministic, fast on a CPU.
+
+Graders build their references from these. Weights come from the global RNG, which the plugin seeds
+before every check, so a seed reproduces the models too. Each builder imports its diffusers class
+by submodule path, only when called: lab 01 never pays for the model imports.
+"""
+from __future__ import annotations
+
+# SD-like latent layout, scaled down: 4 latent channels, cross-attention over 32-wide text embeddings.
+LATENT_CHANNELS = 4
+TEXT_DIM = 32
+TEXT_TOKENS = 7
+
+
+def unet2d(sample_size: int = 16, channels: int = 3):
+    """A pixel-space UNet2DModel (45k params, ~5-9 ms a forward) for DDPM/DDIM pipelines."""
+    from diffusers.models.unets.unet_2d import UNet2DModel
+
+    return UNet2DModel(
+        sample_size=sample_size, in_channels=channels, out_channels=channels, layers_per_block=1,
+        block_out_channels=(8, 16), norm_num_groups=4, attention_head_dim=4,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+    ).eval()
+
+
+def unet_cond(sample_size: int = 8):
+    """A text-conditioned UNet2DConditionModel in SD's latent layout (cross-attention dim 32)."""
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=sample_size, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+        layers_per_block=1, block_out_channels=(8, 16), norm_num_groups=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=TEXT_DIM, attention_head_dim=4,
+    ).eval()
+
+
+def vae(downsample: int = 2, sample_size: int = 32):
+    """An AutoencoderKL with 4 latent channels; `downsample` 2 (two blocks) or 8 (four blocks, SD-like)."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
+    blocks = {2: (8, 16), 8: (8, 8, 16, 16)}[downsample]
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, block_out_channels=blocks,
+        down_block_types=("DownEncoderBlock2D",) * len(blocks),
+        up_block_types=("UpDecoderBlock2D",) * len(blocks),
+        layers_per_block=1, norm_num_groups=4, sample_size=sample_size,
+    ).eval()
+
+
+def sd_pipeline(scheduler, unet=None, vae_model=None):
+    """A StableDiffusionPipeline with no text encoder: call it with prompt_embeds and
+    negative_prompt_embeds. Note: its __init__ rewrites the scheduler's config (steps_offset=1,
+    clip_sample=False); build reference loops from pipe.scheduler."""
+    import warnings
+
+    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = StableDiffusionPipeline(
+            vae=vae_model if vae_model is not None else vae(), text_encoder=None, tokenizer=None,
+            unet=unet if unet is not None else unet_cond(), scheduler=scheduler, safety_checker=None,
+            feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def text_embeddings(batch: int, generator, tokens: int = TEXT_TOKENS):
+    """Random prompt embeddings (B, tokens, 32), standing in for a text encoder's output."""
+    import torch
+
+    return torch.randn((batch, tokens, TEXT_DIM), generator=generator)

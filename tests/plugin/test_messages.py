@@ -1,0 +1,115 @@
+"""Failure messages: structure first, then values with index, tolerance, seed; traps; hints; guards."""
+import re
+
+import pytest
+
+
+def test_a_wrong_value_shows_worst_element_index_expected_yours_tolerance_and_reason(toy):
+    toy.kata(double="y = x * 2\ny[1] += 0.5\nreturn y")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines([
+        "double · check 'vs toyref.double' · case 1/2 (n=3)*",
+        "*output values differ: worst element at index (1,)*",
+        "*expected *",
+        "*yours *",
+        "*|diff|   0.5, allowed 1e-06*",
+        "*1 of 3 elements (33.3%) are outside the tolerance*",
+        "*tolerance: atol=1e-06, rtol=0: toy tolerance for tests*",
+        '*reproduce: python -m pytest "katas/01_toy.py::double?vs toyref.double?" --kata-seed *',
+    ])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("return (x * 2).tolist()", "*output should be a torch.Tensor, got list*"),
+    ("return (x * 2)[:-1]", "*output has shape (2,); expected (3,)*"),
+    ("return (x * 2).double()", "*output has dtype torch.float64; expected torch.float32*"),
+    ("return (x * 2).unsqueeze(0)", "*output has shape (1, 3); expected (3,) (same number of elements*"),
+    ("return x * 2 / 0 * 0", "*non-finite value(s) (nan/inf) where the reference is finite*"),
+])
+def test_structure_is_checked_before_values_with_a_plain_message(toy, body, message):
+    toy.kata(double=body)
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines([message])
+    assert "values differ" not in result.stdout.str()
+
+
+def test_an_output_matching_a_declared_misconception_names_the_trap_and_its_hint(toy):
+    toy.kata(double="return x + 2")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*trap: added 2 instead of multiplying by 2*",
+                                 "*Doubling is x * 2, not x + 2.*"])
+
+
+def test_a_wrong_output_that_matches_no_trap_names_none(toy):
+    toy.kata(double="return x * 3")
+    result = toy.run("katas")
+    assert "trap:" not in result.stdout.str()
+
+
+def test_the_same_seed_reproduces_the_same_inputs_and_another_seed_does_not(toy):
+    toy.kata(double="return x * 3")
+
+    def first_input(*args):
+        out = toy.run("katas", *args).stdout.str()
+        return re.search(r"x\[0\]=(-?[\d.]+)", out).group(1)
+
+    assert first_input("--kata-seed", "11") == first_input("--kata-seed", "11")
+    assert first_input("--kata-seed", "11") != first_input("--kata-seed", "12")
+
+
+def test_the_header_prints_the_seed_to_reproduce_a_run(toy):
+    result = toy.run("katas", "--kata-seed", "4242")
+    result.stdout.fnmatch_lines(["katas: grading katas/ with seed 4242 (reproduce with --kata-seed 4242)"])
+
+
+def test_changing_an_input_in_place_fails_with_a_message_saying_so(toy):
+    toy.kata(stay_put="x.mul_(1.0)\nreturn x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*`stay_put` changed its input(s) x in place*"])
+    result.assert_outcomes(failed=1)
+
+
+def test_changing_an_input_in_place_fails_even_when_the_result_is_right(toy):
+    toy.kata(double="x.mul_(2)\nreturn x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*`double` changed its input(s) x in place*"])
+
+
+def test_calling_the_answer_key_fails_with_a_friendly_message(toy):
+    toy.kata(double="return toyref.double(x)")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*`double` called toyref.double, which is the answer key*"])
+    result.assert_outcomes(failed=1)
+
+
+def test_the_answer_key_works_again_after_the_learner_call(toy, pytester):
+    toy.kata(double="return x * 2")
+    result = toy.run("katas")
+    result.assert_outcomes(passed=1)  # the reference ran after the lock was lifted on every case
+
+
+def test_hints_are_revealed_one_more_tier_per_repeated_failure(toy):
+    toy.kata(double="return x * 3")
+    first = toy.run("katas").stdout.str()
+    assert "hint 1 (nudge): first nudge" in first and "hint 2 (" not in first
+    second = toy.run("katas").stdout.str()
+    assert "hint 2 (the math): the math: y = 2x" in second and "hint 3 (" not in second
+    third = toy.run("katas").stdout.str()
+    assert "hint 3 (near code): near code: return x * 2" in third
+
+
+def test_passing_resets_the_hint_tier(toy):
+    toy.kata(double="return x * 3")
+    toy.run("katas")
+    toy.run("katas")
+    toy.kata(double="return x * 2")
+    toy.run("katas")
+    toy.kata(double="return x * 3")
+    out = toy.run("katas").stdout.str()
+    assert "hint 1 (nudge)" in out and "hint 2 (" not in out
+
+
+def test_kata_hints_shows_the_asked_number_of_tiers_at_once(toy):
+    toy.kata(double="return x * 3")
+    out = toy.run("katas", "--kata-hints", "3").stdout.str()
+    assert "hint 3 (near code)" in out
