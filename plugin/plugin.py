@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (inst
 SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
 HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more tier each time the same "
               "function fails again")
+JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
 TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pytest-timeout)"
 KATA_DIR_HELP = "Folder of the learner's kata files, relative to the rootdir"
 SOLUTIONS_DIR_HELP = "Folder of the solved kata files, relative to the rootdir"
@@ -42,6 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-seed", type=int, default=None, metavar="N", help=SEED_HELP)
     group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
     group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
+    group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
     parser.addini("kata_timeout", TIMEOUT_HELP, default="120")
     parser.addini("kata_dir", KATA_DIR_HELP, default="katas")
     parser.addini("kata_solutions_dir", SOLUTIONS_DIR_HELP, default="solutions")
@@ -74,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
         seed_given=seed is not None,
         hint_tiers=hints,
         timeout=timeout,
+        json_path=Path(config.getoption("kata_json")).resolve() if config.getoption("kata_json") else None,
     )
     if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
         session.failures = dict(config.cache.get("katas/failures", {}))

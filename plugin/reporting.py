@@ -34,7 +34,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             status = report.outcome
         report.kata_status = status
         session = item.config.stash[state.SESSION]
-        session.results.append((item.lab, item.parent.title, item.kata.name, item.check.name, status))
+        message = "" if report.passed else str(report.longrepr or "")
+        session.results.append(state.Result(
+            item.nodeid, item.lab, item.parent.title, item.kata.name, item.check.name, status,
+            item.kata.points, message, report.duration))
     return report
 
 
@@ -107,10 +110,10 @@ def progress(session: state.KataSession):
     """Per lab: title and, per function in order, its status (todo / failed / passed / skipped)."""
     labs: OrderedDict[str, tuple[str, OrderedDict[str, str]]] = OrderedDict()
     rank = {"failed": 3, "todo": 2, "skipped": 1, "passed": 0}
-    for lab, title, function, _check, status in session.results:
-        functions = labs.setdefault(lab, (title, OrderedDict()))[1]
-        previous = functions.get(function, "passed")
-        functions[function] = max(previous, status, key=lambda s: rank[s])
+    for r in session.results:
+        functions = labs.setdefault(r.lab, (r.title, OrderedDict()))[1]
+        previous = functions.get(r.function, "passed")
+        functions[r.function] = max(previous, r.status, key=lambda s: rank[s])
     return labs
 
 
@@ -149,9 +152,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Remember consecutive failures per function, so hints are revealed progressively."""
+    """Write --kata-json; remember consecutive failures per function for progressive hints."""
     config = session.config
     kata_session = config.stash.get(state.SESSION, None)
+    if kata_session is not None and kata_session.json_path is not None:
+        write_json(kata_session, kata_session.json_path)
     if kata_session is None or getattr(config, "cache", None) is None or not kata_session.results:
         return
     failures = dict(kata_session.failures)
@@ -163,3 +168,31 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             elif status == "passed":
                 failures.pop(key, None)
     config.cache.set("katas/failures", failures)
+
+
+def write_json(session: state.KataSession, path) -> None:
+    """Our own machine-readable report: versions, seed, and every graded item."""
+    import dataclasses
+    import json
+    import platform
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    labs = progress(session)
+    data = {
+        "graded": session.rel(session.solutions_dir if session.grade_solutions else session.kata_dir),
+        "seed": session.seed,
+        "versions": {"python": platform.python_version(),
+                     **{name: version(name) for name in ("torch", "diffusers", "peft", "transformers")}},
+        "labs": [{"lab": lab, "title": title,
+                  "functions": [{"name": f, "status": s} for f, s in functions.items()]}
+                 for lab, (title, functions) in labs.items()],
+        "results": [dataclasses.asdict(r) for r in session.results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")

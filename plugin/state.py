@@ -8,6 +8,21 @@ import pytest
 
 
 @dataclass
+class Result:
+    """The graded outcome of one item: the one result model every report format is written from."""
+
+    nodeid: str
+    lab: str
+    title: str
+    function: str
+    check: str
+    status: str  # passed / failed / todo / skipped
+    points: float  # the function's points (shared by its checks)
+    message: str = ""
+    duration: float = 0.0
+
+
+@dataclass
 class KataSession:
     root: Path
     kata_dir: Path
@@ -18,11 +33,11 @@ class KataSession:
     seed_given: bool
     hint_tiers: int | None  # --kata-hints; None: reveal one more tier per consecutive failure
     timeout: float
+    json_path: Path | None = None  # --kata-json
     # Consecutive failures per "lab::function", from the pytest cache: drives progressive hints.
     failures: dict[str, int] = field(default_factory=dict)
-    # One entry per graded item: (lab, title, function, check, status) with status in
-    # passed / failed / todo / skipped.
-    results: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    # One entry per graded item, in run order.
+    results: list["Result"] = field(default_factory=list)
 
     def rel(self, path: Path) -> str:
         try:

@@ -1,0 +1,94 @@
+"""The course's dev check (rustlings' `dev check`): every solution passes every grader, every untouched
+kata function is TODO, every graded function has hints and traps, and lab 01 stays cheap to import.
+
+These run the real course in a subprocess, as a learner or instructor would.
+"""
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LABS = sorted(p.stem for p in (REPO / "solutions").glob("[0-9][0-9]_*.py"))
+
+
+def grade(tmp_path, *args):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--kata-json", str(report), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(report.read_text(encoding="utf-8"))
+
+
+def graded_functions(lab):
+    spec = importlib.util.spec_from_file_location(f"_course_{lab}", REPO / "plugin" / "graders" / f"{lab}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from plugin.spec import Kata
+
+    return [v for v in vars(module).values() if isinstance(v, Kata)]
+
+
+def solution_functions(lab):
+    """Functions of a solution file that hold a solution block (the ones a learner writes)."""
+    text = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any("# BEGIN SOLUTION" in line for line in lines[node.lineno - 1:node.end_lineno])]
+
+
+def test_every_solution_passes_every_grader(tmp_path):
+    proc, data = grade(tmp_path, "--solutions")
+    bad = [f"{r['nodeid']}: {r['status']}\n{r['message']}" for r in data["results"] if r["status"] != "passed"]
+    assert not bad, f"seed {data['seed']}:\n" + "\n\n".join(bad)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert {r["lab"] for r in data["results"]} == set(LABS)
+
+
+def test_every_untouched_kata_function_is_todo_and_none_passes_or_errors(tmp_path):
+    proc, data = grade(tmp_path, "katas")
+    not_todo = [f"{r['nodeid']}: {r['status']}\n{r['message']}" for r in data["results"] if r["status"] != "todo"]
+    assert not not_todo, "\n\n".join(not_todo)
+    assert proc.returncode == 1
+    assert " error" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_lab_grades_exactly_the_functions_its_solution_defines(lab):
+    graded = [k.name for k in graded_functions(lab)]
+    assert graded == solution_functions(lab), "grader and solution disagree on the kata functions"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_kata_function_has_three_hint_tiers_a_trap_and_an_answer_key_or_a_reason(lab):
+    for kata in graded_functions(lab):
+        assert len(kata.hints) >= 3, f"{kata.name}: hints in tiers (nudge, math, near code)"
+        assert kata.traps, f"{kata.name}: declare at least its commonest misconception"
+        assert kata.checks and all(c.cases for c in kata.checks), kata.name
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_each_lab_docstring_carries_its_lesson_sections(lab):
+    doc = ast.get_docstring(ast.parse((REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")))
+    assert doc.splitlines()[0].startswith(f"Lab {lab[:2]} · ")
+    for section in ("Concept:", "Mental model:", "Traps:", "Say it out loud:", "Graded against:", "Run:"):
+        assert f"\n{section}" in doc, f"{lab}: missing {section}"
+
+
+def test_grading_lab_01_imports_no_diffusers_models_pipelines_peft_or_transformers():
+    script = (
+        "import sys, pytest\n"
+        "pytest.main(['-q', '-p', 'no:cacheprovider', 'katas/01_forward_noise.py', '--solutions'])\n"
+        "heavy = sorted({m.split('.')[0] + ('.' + m.split('.')[1] if m.startswith('diffusers.') else '')\n"
+        "    for m in sys.modules if m.startswith(('diffusers.models', 'diffusers.pipelines', 'peft',\n"
+        "                                          'transformers', 'diffusers.loaders'))})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:]
