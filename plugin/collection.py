@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from plugin import state
-from plugin.spec import Check, Kata, KataFailure, Scenario
+from plugin.spec import Budget, Check, Kata, KataFailure, OverBudget, Scenario
 
 
 class KataTodo(Exception):
@@ -94,9 +94,18 @@ class KataFile(pytest.File):
                 item = KataItem.from_parent(self, name=check.id, check=check)
                 for mark in check.marks:
                     item.add_marker(mark)
-                if session.timeout and self.config.pluginmanager.hasplugin("timeout"):
-                    item.add_marker(pytest.mark.timeout(session.timeout))
-                yield item
+                yield self._limited(item, session)
+            for budget in kata.budgets:
+                item = BudgetItem.from_parent(self, name=budget.id, budget=budget)
+                item.add_marker(pytest.mark.budget)
+                for mark in budget.marks:
+                    item.add_marker(mark)
+                yield self._limited(item, session)
+
+    def _limited(self, item: pytest.Item, session) -> pytest.Item:
+        if session.timeout and self.config.pluginmanager.hasplugin("timeout"):
+            item.add_marker(pytest.mark.timeout(session.timeout))
+        return item
 
     def learner_module(self) -> ModuleType:
         """Import the learner's file once; a syntax or import error fails each item plainly."""
@@ -140,58 +149,74 @@ class KataItem(pytest.Item):
     def lab(self) -> str:
         return self.parent.lab
 
-    def seed(self) -> int:
+    @property
+    def check_name(self) -> str:
+        return self.check.name
+
+    def seed(self, salt: str = "") -> int:
         base = self.config.stash[state.SESSION].seed
-        return (base + zlib.crc32(f"{self.lab}:{self.check.id}".encode())) % 2**31
+        return (base + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
 
-    def runtest(self) -> None:
-        import torch
-
-        from plugin.comparison import mismatch
-        from plugin.isolation import AnswerKeyError, call_learner
-        from plugin.tolerances import for_dtype
-
+    def learner_function(self):
         module = self.parent.learner_module()
         fn = getattr(module, self.kata.name, None)
         if not callable(fn):
             raise KataFailure(
                 f"{self.config.stash[state.SESSION].rel(self.parent.source)} has no function "
                 f"`{self.kata.name}` (deleted or renamed?). Keep the name and signature from the kata.")
-        seed = self.seed()
+        return fn
+
+    def runtest(self) -> None:
+        self.run_check(self.check, self.learner_function())
+
+    def call_learner(self, fn, inputs: dict, meter=None):
+        """The learner's function on fresh inputs, with its TODO, crash and guard outcomes sorted."""
+        from plugin.isolation import AnswerKeyError, call_learner
+
+        try:
+            return call_learner(fn, inputs, self.kata.answer_key, self.kata.name, meter)
+        except KataFailure as exc:
+            raise KataFailure(f"{self.last_context}\n{exc}") from None
+        except NotImplementedError as exc:
+            if _raised_in(exc, self.parent.source):
+                raise KataTodo(self.kata.name) from None
+            raise LearnerCrash(self.last_context, exc) from exc
+        except AnswerKeyError as exc:
+            raise KataFailure(f"{self.last_context}\n{exc}") from None
+        except Exception as exc:
+            raise LearnerCrash(self.last_context, exc) from exc
+
+    def run_check(self, check: Check, fn) -> None:
+        """Every case of `check` through the learner's function, against the reference."""
+        import torch
+
+        from plugin.comparison import mismatch
+        from plugin.tolerances import for_dtype
+
+        seed = self.seed(check.name)
         torch.manual_seed(seed)  # models and adapters built inside a check draw from the global RNG
         g = torch.Generator().manual_seed(seed)
-        total = len(self.check.cases)
-        for number, case in enumerate(self.check.cases, 1):
-            built = self.check.build(case, g)
+        total = len(check.cases)
+        for number, case in enumerate(check.cases, 1):
+            built = check.build(case, g)
             scenarios = [built] if isinstance(built, Scenario) else list(built)
             for scenario in scenarios:
-                self.last_context = self._context(number, total, case, scenario)
-                try:
-                    out = call_learner(fn, scenario.inputs, self.kata.answer_key, self.kata.name)
-                except KataFailure as exc:
-                    raise KataFailure(f"{self.last_context}\n{exc}") from None
-                except NotImplementedError as exc:
-                    if _raised_in(exc, self.parent.source):
-                        raise KataTodo(self.kata.name) from None
-                    raise LearnerCrash(self.last_context, exc) from exc
-                except AnswerKeyError as exc:
-                    raise KataFailure(f"{self.last_context}\n{exc}") from None
-                except Exception as exc:
-                    raise LearnerCrash(self.last_context, exc) from exc
+                self.last_context = self._context(check, number, total, case, scenario)
+                out = self.call_learner(fn, scenario.inputs)
                 if scenario.verify is not None:
                     try:
                         scenario.verify(out)
                     except KataFailure as exc:
                         raise KataFailure(f"{self.last_context}\n{exc}") from None
-                tol = for_dtype(self.check.tol, getattr(scenario.expected, "dtype", None))
+                tol = for_dtype(check.tol, getattr(scenario.expected, "dtype", None))
                 problem = mismatch(out, scenario.expected, tol)
                 if problem:
                     raise KataFailure(self._failure(problem, scenario, out, tol))
 
-    def _context(self, number: int, total: int, case: dict, scenario: Scenario) -> str:
+    def _context(self, check: Check, number: int, total: int, case: dict, scenario: Scenario) -> str:
         from plugin.comparison import describe
 
-        parts = [f"{self.kata.name} · check '{self.check.name}' · case {number}/{total}"]
+        parts = [f"{self.kata.name} · check '{check.name}' · case {number}/{total}"]
         if case:
             parts.append("(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")")
         if scenario.label:
@@ -212,6 +237,12 @@ class KataItem(pytest.Item):
             if matches(out, wrong, tol) and not matches(scenario.expected, wrong, tol):
                 lines.append(f"  trap: {trap.name}\n    {trap.hint}")
                 break
+        if scenario.on_mismatch is not None:
+            session = self.config.stash[state.SESSION]
+            try:
+                lines.append("  " + scenario.on_mismatch(out, session.root / ".kata" / "diffs"))
+            except Exception as exc:  # an artefact must never hide the verdict
+                lines.append(f"  (could not write the difference image: {exc})")
         return "\n".join(lines)
 
     def repr_failure(self, excinfo, style=None):
@@ -220,7 +251,54 @@ class KataItem(pytest.Item):
         return reporting.failure_text(self, excinfo)
 
     def reportinfo(self):
-        return self.path, None, f"{self.lab}::{self.check.id}"
+        return self.path, None, f"{self.lab}::{self.name}"
+
+
+class BudgetItem(KataItem):
+    """A cost budget of one kata function: judged only once the function passes all its checks."""
+
+    def __init__(self, *, budget: Budget, **kwargs):
+        super().__init__(check=budget.kata.checks[0], **kwargs)
+        self.budget = budget
+
+    @property
+    def check_name(self) -> str:
+        return f"budget: {self.budget.name}"
+
+    def runtest(self) -> None:
+        fn = self.learner_function()
+        for check in self.kata.checks:
+            try:
+                self.run_check(check, fn)
+            except KataFailure as exc:
+                raise KataFailure(
+                    f"{self.kata.name} · budget '{self.budget.name}' is judged once the function is "
+                    f"correct, and it is not yet:\n{exc}") from None
+        self.last_context = f"{self.kata.name} · budget '{self.budget.name}'"
+
+        import torch
+
+        seed = self.seed(f"budget:{self.budget.name}")
+        torch.manual_seed(seed)
+        measurements = self.budget.measure(Learner(self, fn), torch.Generator().manual_seed(seed))
+        self.measurements = measurements
+        if any(m.over for m in measurements):
+            raise OverBudget(self.last_context)
+
+
+class Learner:
+    """The learner's function as a budget sees it: `learner(**inputs)` calls it (guarded, on fresh
+    inputs); `learner.measure(meter, **inputs)` returns (measurement, output) of one metered call."""
+
+    def __init__(self, item: KataItem, fn):
+        self._item = item
+        self._fn = fn
+
+    def __call__(self, **inputs):
+        return self._item.call_learner(self._fn, inputs)
+
+    def measure(self, meter, **inputs):
+        return self._item.call_learner(self._fn, inputs, meter)
 
 
 def _raised_in(exc: BaseException, source: Path) -> bool:

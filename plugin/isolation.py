@@ -119,13 +119,17 @@ def answer_key_locked(paths: tuple[str, ...], kata: str) -> Iterator[None]:
             setattr(owner, attr, original)
 
 
-def call_learner(fn, inputs: dict, answer_key: tuple[str, ...], kata: str):
-    """Call the learner's function on fresh inputs; fail if it changed them in place."""
+def call_learner(fn, inputs: dict, answer_key: tuple[str, ...], kata: str, meter=None):
+    """Call the learner's function on fresh inputs; fail if it changed them in place.
+
+    With `meter` (e.g. plugin.budgets.peak_bytes), the call runs as meter(call) after the inputs
+    are copied, so copying is not measured, and (measurement, output) is returned.
+    """
     given = fresh(inputs)
     pristine = fresh(inputs)
     before = {key: versions(value) for key, value in given.items()}
     with answer_key_locked(answer_key, kata):
-        out = fn(**given)
+        out = fn(**given) if meter is None else meter(lambda: fn(**given))
     mutated = changed_inputs(given, pristine, before)
     if mutated:
         raise KataFailure(

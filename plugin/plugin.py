@@ -35,6 +35,8 @@ GRADERS_DIR_HELP = "Folder of the graders, one per kata file and named like it, 
 MARKERS = (
     "cuda: the test needs a CUDA GPU; it is skipped with the reason 'CUDA not available' elsewhere. "
     "Example: @pytest.mark.cuda",
+    "budget: a cost budget (peak bytes, FLOPs, calls; time and memory on a GPU) of a kata function, "
+    "judged once the function is correct. Select with -m budget",
 )
 
 

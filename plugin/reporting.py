@@ -24,26 +24,32 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     from plugin.collection import KataItem, KataTodo
+    from plugin.spec import OverBudget
 
     if not isinstance(item, KataItem):
         return report
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         if call.excinfo is not None and call.excinfo.errisinstance(KataTodo):
             status = "todo"
+        elif call.excinfo is not None and call.excinfo.errisinstance(OverBudget):
+            status = "over budget"
         else:
             status = report.outcome
         report.kata_status = status
         session = item.config.stash[state.SESSION]
         message = "" if report.passed else str(report.longrepr or "")
         session.results.append(state.Result(
-            item.nodeid, item.lab, item.parent.title, item.kata.name, item.check.name, status,
+            item.nodeid, item.lab, item.parent.title, item.kata.name, item.check_name, status,
             item.kata.points, message, report.duration))
     return report
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
-    if getattr(report, "kata_status", None) == "todo":
+    status = getattr(report, "kata_status", None)
+    if status == "todo":
         return "todo", "T", ("TODO", {"yellow": True})
+    if status == "over budget":
+        return "over budget", "B", ("OVER BUDGET", {"red": True})
     return None
 
 
@@ -75,12 +81,14 @@ def reproduce_line(item) -> str:
 def failure_text(item, excinfo) -> str:
     """The learner-facing text for a failed kata item."""
     from plugin.collection import KataTodo, LearnerCrash
-    from plugin.spec import KataFailure
+    from plugin.spec import KataFailure, OverBudget
 
     session = item.config.stash[state.SESSION]
     rel = session.rel(item.parent.source)
     if excinfo.errisinstance(KataTodo):
         return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
+    if excinfo.errisinstance(OverBudget):
+        return "\n".join([budget_text(item), reproduce_line(item)])
     if excinfo.errisinstance(KataFailure):
         body = str(excinfo.value)
     elif excinfo.errisinstance(LearnerCrash):
@@ -96,6 +104,19 @@ def failure_text(item, excinfo) -> str:
     return "\n".join([body, *hint_lines(item), reproduce_line(item)])
 
 
+def budget_text(item) -> str:
+    """Measured against allowed, one line per measurement, the misses marked."""
+    from plugin.budgets import human
+
+    lines = [f"{item.last_context}: correct, but over budget"]
+    for m in item.measurements:
+        mark = "OVER" if m.over else "ok  "
+        ratio = f" ({m.measured / m.allowed:.2f}x the allowance)" if m.allowed else ""
+        lines.append(f"  {mark} {m.what}: measured {human(m.measured, m.unit)}, "
+                     f"allowed {human(m.allowed, m.unit)}{ratio}\n         allowance: {m.why}")
+    return "\n".join(lines)
+
+
 def _learner_frames(exc: BaseException, source, session) -> str:
     import traceback
 
@@ -109,7 +130,7 @@ def _learner_frames(exc: BaseException, source, session) -> str:
 def progress(session: state.KataSession):
     """Per lab: title and, per function in order, its status (todo / failed / passed / skipped)."""
     labs: OrderedDict[str, tuple[str, OrderedDict[str, str]]] = OrderedDict()
-    rank = {"failed": 3, "todo": 2, "skipped": 1, "passed": 0}
+    rank = {"failed": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
     for r in session.results:
         functions = labs.setdefault(r.lab, (r.title, OrderedDict()))[1]
         previous = functions.get(r.function, "passed")
@@ -124,6 +145,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if not labs:
         return
     tr = terminalreporter
+    over = tr.stats.get("over budget", [])
+    if over:  # not in pytest's FAILURES section, whose reports are the "failed" category
+        tr.write_sep("=", "over budget", red=True, bold=True)
+        for report in over:
+            tr.write_sep("_", report.head_line or report.nodeid, red=True)
+            tr.write_line(str(report.longrepr))
     tr.write_sep("=", "kata progress", cyan=True, bold=True)
     width = max(len(title) for title, _ in labs.values())
     next_up = None
@@ -133,7 +160,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         bar = "#" * solved + "." * (total - solved)
         tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
         for function, status in functions.items():
-            if next_up is None and status in ("todo", "failed"):
+            if next_up is None and status in ("todo", "failed", "over budget"):
                 next_up = (lab, function, status)
     if next_up is None:
         tr.write_line("  every graded kata function passes.", green=True, bold=True)
@@ -141,7 +168,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     lab, function, status = next_up
     where = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir)
                         / f"{lab}.py")
-    verb = "write" if status == "todo" else "fix"
+    verb = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}[status]
     tr.write_line(f"  next: {verb} `{function}` in {where}", yellow=True, bold=True)
     from plugin.collection import grader_katas
 
@@ -163,7 +190,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for lab, (_title, functions) in progress(kata_session).items():
         for function, status in functions.items():
             key = f"{lab}::{function}"
-            if status == "failed":
+            if status in ("failed", "over budget"):
                 failures[key] = failures.get(key, 0) + 1
             elif status == "passed":
                 failures.pop(key, None)

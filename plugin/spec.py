@@ -28,6 +28,10 @@ class KataFailure(AssertionError):
     """A graded check did not hold; the message is written for the learner."""
 
 
+class OverBudget(AssertionError):
+    """The function is correct but costs more than its budget allows."""
+
+
 @dataclass
 class Scenario:
     """One call to grade: the keyword arguments, the reference's answer, and what it is."""
@@ -37,6 +41,9 @@ class Scenario:
     label: str = ""
     # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
     verify: Callable[[Any], None] | None = None
+    # Called with (learner output, a folder for artefacts) when the values differ; returns extra
+    # message text (e.g. the path of a PNG of |yours - reference|).
+    on_mismatch: Callable[[Any, Any], str] | None = None
 
 
 @dataclass
@@ -65,6 +72,41 @@ class Check:
 
 
 @dataclass
+class Measurement:
+    """One measured cost against its allowance, e.g. peak live bytes of a tiled decode."""
+
+    what: str
+    measured: float
+    allowed: float
+    unit: str  # "bytes", "FLOPs", "calls", "ms", "x"
+    why: str  # where the allowance comes from
+
+    @property
+    def over(self) -> bool:
+        return self.measured > self.allowed
+
+
+@dataclass
+class Budget:
+    """A cost check for a kata function, run only once the function passes its checks.
+
+    The decorated function takes (learner, g): `learner(**inputs)` calls the learner's function with
+    the answer key locked and fresh inputs, and `learner.measure(meter, **inputs)` returns
+    (measurement, output) of one call under a meter from plugin.budgets (input copies not measured).
+    It returns a list of Measurement.
+    """
+
+    kata: "Kata"
+    name: str
+    measure: Callable[[Callable[..., Any], Any], list[Measurement]]
+    marks: tuple = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.kata.name}[budget: {self.name}]"
+
+
+@dataclass
 class Kata:
     """A learner function to grade: its name in the kata file, hints, traps and answer key."""
 
@@ -76,6 +118,7 @@ class Kata:
     points: float = 1.0
     checks: list[Check] = field(default_factory=list)
     traps: list[Trap] = field(default_factory=list)
+    budgets: list[Budget] = field(default_factory=list)
 
     def check(self, name: str, *, cases: Sequence[dict] = ({},), tol: Tol, marks: Sequence = ()):
         """Declare a check; the decorated function maps (case, generator) to Scenario(s)."""
@@ -83,6 +126,15 @@ class Kata:
         def register(build):
             self.checks.append(Check(self, name, build, [dict(c) for c in cases], tol, tuple(marks)))
             return build
+
+        return register
+
+    def budget(self, name: str, *, marks: Sequence = ()):
+        """Declare a cost budget; the decorated function maps (learner, generator) to Measurements."""
+
+        def register(measure):
+            self.budgets.append(Budget(self, name, measure, tuple(marks)))
+            return measure
 
         return register
 

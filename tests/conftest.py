@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401  (imported before any pytester snapshot: torch cannot be imported twice)
 
+from plugin import budgets
+
+# The meters pull in torch's dispatch and flop-counter modules, which register torch libraries and
+# cannot be imported twice in one process: import them before any pytester snapshot too.
+budgets.peak_bytes(lambda: torch.ones(1) + 1)
+budgets.flops(lambda: torch.ones(1, 1) @ torch.ones(1, 1))
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -47,7 +54,7 @@ def replace_solution_block(source: str, function: str, body: str) -> str:
 class Graded:
     """The outcome of grading one kata function: its status and the learner-facing text."""
 
-    status: str  # passed / failed / todo (the worst over the function's checks)
+    status: str  # passed / failed / over budget / todo (the worst over the function's checks)
     text: str  # the failure messages, joined
 
     def __str__(self) -> str:
@@ -78,7 +85,7 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
         reports = [r for r in recorder.getreports("pytest_runtest_logreport")
                    if r.nodeid.startswith(f"katas/{lab}.py::{function}[") and hasattr(r, "kata_status")]
         assert reports, f"no kata items graded for {function}"
-        rank = {"failed": 3, "todo": 2, "skipped": 1, "passed": 0}
+        rank = {"failed": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
         status = max((r.kata_status for r in reports), key=rank.__getitem__)
         text = "\n".join(str(r.longrepr) for r in reports if r.longrepr)
         return Graded(status, text)

@@ -18,7 +18,8 @@ GRADER = '''
 import torch
 
 import toyref
-from plugin.spec import Kata, Scenario
+from plugin.budgets import peak_bytes
+from plugin.spec import Kata, Measurement, Scenario
 from plugin.tolerances import Tol
 
 TOL = Tol(1e-6, 0.0, "toy tolerance for tests")
@@ -36,6 +37,13 @@ def _(case, g):
 @double.trap("added 2 instead of multiplying by 2", hint="Doubling is x * 2, not x + 2.")
 def _(x):
     return x + 2
+
+
+@double.budget("one output-sized allocation")
+def _(learner, g):
+    x = torch.randn(1000, generator=g)
+    peak, _ = learner.measure(peak_bytes, x=x)
+    return [Measurement("peak live tensor bytes", peak, x.nbytes, "bytes", "the output alone: 4000 bytes")]
 
 
 normalize = Kata("normalize", hints=("divide by the norm",))

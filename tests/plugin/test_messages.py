@@ -79,13 +79,13 @@ def test_calling_the_answer_key_fails_with_a_friendly_message(toy):
     toy.kata(double="return toyref.double(x)")
     result = toy.run("katas")
     result.stdout.fnmatch_lines(["*`double` called toyref.double, which is the answer key*"])
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
 
 
 def test_the_answer_key_works_again_after_the_learner_call(toy, pytester):
     toy.kata(double="return x * 2")
     result = toy.run("katas")
-    result.assert_outcomes(passed=1)  # the reference ran after the lock was lifted on every case
+    result.assert_outcomes(passed=2)  # the reference ran after the lock was lifted on every case
 
 
 def test_hints_are_revealed_one_more_tier_per_repeated_failure(toy):

@@ -3,7 +3,7 @@
 
 def test_an_untouched_function_is_reported_as_todo_and_the_run_fails(toy):
     result = toy.run("katas")
-    result.stdout.fnmatch_lines(["katas/01_toy.py TTT*", "*3 todo in*"])
+    result.stdout.fnmatch_lines(["katas/01_toy.py TTTT*", "*4 todo in*"])
     assert result.ret == 1
     assert "Traceback" not in result.stdout.str()
     assert "NotImplementedError" not in result.stdout.str()
@@ -18,8 +18,8 @@ def test_verbose_lines_say_todo_for_each_unwritten_function(toy):
 def test_a_correct_function_passes_and_the_others_stay_todo(toy):
     toy.kata(double="return x * 2")
     result = toy.run("katas")
-    result.assert_outcomes(passed=1, failed=0)
-    result.stdout.fnmatch_lines(["*1 passed, 2 todo*"])
+    result.assert_outcomes(passed=2, failed=0)  # double's check and its budget
+    result.stdout.fnmatch_lines(["*2 passed, 2 todo*"])
     assert result.ret == 1
 
 
@@ -51,7 +51,7 @@ def test_a_hang_fails_as_timed_out_and_the_run_goes_on(toy):
     toy.kata(double="while True:\n    pass", normalize="return x / x.norm()")
     result = toy.run("katas", "--kata-timeout", "1")
     result.stdout.fnmatch_lines(["*timed out after 1 s (pytest-timeout)*"])
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)  # double's check, then its budget re-checks it
 
 
 def test_an_exception_in_learner_code_shows_the_learners_own_line(toy):
@@ -68,7 +68,7 @@ def test_an_exception_in_learner_code_shows_the_learners_own_line(toy):
 def test_a_syntax_error_fails_every_item_of_the_file_with_its_line(toy):
     (toy.pytester.path / "katas" / "01_toy.py").write_text("def double(x):\n    return x *\n")
     result = toy.run("katas")
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines(["*katas/01_toy.py does not parse: invalid syntax at line 2*"])
     assert "error" not in result.stdout.lines[-1]
 
@@ -81,7 +81,7 @@ def test_a_deleted_function_fails_with_a_message_naming_it(toy):
 
 def test_solutions_option_grades_solutions_with_the_same_graders(toy):
     result = toy.run("katas", "--solutions")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["katas: grading solutions/ with seed*"])
 
 

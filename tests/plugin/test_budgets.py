@@ -1,0 +1,68 @@
+"""Budgets: judged once correct, 'over budget' as its own outcome, measured against allowed."""
+import pytest
+
+
+def test_a_correct_and_cheap_function_passes_its_budget(toy):
+    toy.kata(double="return x * 2")
+    result = toy.run("katas", "-m", "budget", "-v")
+    result.stdout.fnmatch_lines(["*double?budget: one output-sized allocation? PASSED*"])
+
+
+def test_a_correct_but_costly_function_is_over_budget_with_measured_and_allowed(toy):
+    toy.kata(double="y = x + x\nreturn y * 1")
+    result = toy.run("katas", "-m", "budget", "-v")
+    result.stdout.fnmatch_lines([
+        "*double?budget: one output-sized allocation? OVER BUDGET*",
+        "*double · budget 'one output-sized allocation': correct, but over budget*",
+        "*OVER peak live tensor bytes: measured 7.81 KiB, allowed 3.91 KiB (2.00x the allowance)*",
+        "*allowance: the output alone: 4000 bytes*",
+        "*1 over budget*",
+    ])
+    assert result.ret == 1
+
+
+def test_a_budget_is_not_judged_until_the_function_is_correct(toy):
+    toy.kata(double="return x * 3")
+    result = toy.run("katas", "-m", "budget")
+    result.stdout.fnmatch_lines(["*budget 'one output-sized allocation' is judged once the function is correct*"])
+    result.assert_outcomes(failed=1)
+
+
+def test_an_untouched_function_shows_its_budget_as_todo(toy):
+    result = toy.run("katas", "-m", "budget")
+    result.stdout.fnmatch_lines(["*1 todo*"])
+
+
+def test_copying_the_inputs_is_not_charged_to_the_learner(toy):
+    toy.kata(double="return x * 2")
+    result = toy.run("katas", "-m", "budget")
+    result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("meter", ["peak_bytes", "flops"])
+def test_the_deterministic_meters_give_the_same_figure_every_time(meter):
+    import torch
+
+    from plugin import budgets
+
+    x = torch.randn(64, 64)
+    fn = lambda: (x @ x).relu() @ x  # noqa: E731
+    first = getattr(budgets, meter)(fn)[0]
+    assert first > 0
+    assert all(getattr(budgets, meter)(fn)[0] == first for _ in range(3))
+
+
+def test_peak_bytes_counts_live_tensors_not_everything_ever_allocated():
+    import torch
+
+    from plugin.budgets import peak_bytes
+
+    x = torch.randn(1024)  # 4 KiB, made before: not counted
+
+    def two_at_a_time():
+        a = x * 2
+        for _ in range(5):
+            a = a * 2  # the old `a` dies as the new one is made: two alive at most
+        return a
+
+    assert peak_bytes(two_at_a_time)[0] == 2 * x.nbytes
