@@ -191,7 +191,7 @@ class KataItem(pytest.Item):
         import torch
 
         from plugin.comparison import mismatch
-        from plugin.tolerances import for_dtype
+        from plugin.tolerances import for_dtype, output_dtype
 
         seed = self.seed(check.name)
         torch.manual_seed(seed)  # models and adapters built inside a check draw from the global RNG
@@ -208,7 +208,7 @@ class KataItem(pytest.Item):
                         scenario.verify(out)
                     except KataFailure as exc:
                         raise KataFailure(f"{self.last_context}\n{exc}") from None
-                tol = for_dtype(check.tol, getattr(scenario.expected, "dtype", None))
+                tol = for_dtype(check.tol, output_dtype(scenario.expected))
                 problem = mismatch(out, scenario.expected, tol)
                 if problem:
                     raise KataFailure(self._failure(problem, scenario, out, tol))
@@ -251,7 +251,7 @@ class KataItem(pytest.Item):
         return reporting.failure_text(self, excinfo)
 
     def reportinfo(self):
-        return self.path, None, f"{self.lab}::{self.name}"
+        return self.path, 0, f"{self.lab}::{self.name}"
 
 
 class BudgetItem(KataItem):

@@ -26,6 +26,9 @@ def describe(value: Any) -> str:
         return f"{type(value).__name__} of {len(value)}"
     if isinstance(value, torch.Generator):
         return "torch.Generator"
+    if isinstance(value, torch.nn.Module):
+        n = sum(p.numel() for p in value.parameters())
+        return f"{type(value).__name__}({n:,} parameters)"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

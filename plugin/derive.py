@@ -73,6 +73,7 @@ def drift(solutions_dir: Path, kata_dir: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m plugin.derive", description=__doc__.split("\n")[0])
+    parser.add_argument("labs", nargs="*", help="only these labs (file stems, e.g. 04_classifier_free_guidance)")
     parser.add_argument("--check", action="store_true", help="Report drift and exit 1; write nothing")
     parser.add_argument("--solutions", type=Path, default=ROOT / "solutions")
     parser.add_argument("--katas", type=Path, default=ROOT / "katas")
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     args.katas.mkdir(exist_ok=True)
     for name, text in derived(args.solutions).items():
+        if args.labs and name[:-3] not in args.labs:
+            continue
         target = args.katas / name
         if not target.exists() or target.read_text(encoding="utf-8") != text:
             target.write_text(text, encoding="utf-8")

@@ -130,10 +130,11 @@ def _learner_frames(exc: BaseException, source, session) -> str:
 def progress(session: state.KataSession):
     """Per lab: title and, per function in order, its status (todo / failed / passed / skipped)."""
     labs: OrderedDict[str, tuple[str, OrderedDict[str, str]]] = OrderedDict()
-    rank = {"failed": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
+    # The worst status wins; a skipped item (a GPU budget without CUDA) does not hold a function back.
+    rank = {"failed": 4, "over budget": 3, "todo": 2, "passed": 1, "skipped": 0}
     for r in session.results:
         functions = labs.setdefault(r.lab, (r.title, OrderedDict()))[1]
-        previous = functions.get(r.function, "passed")
+        previous = functions.get(r.function, "skipped")
         functions[r.function] = max(previous, r.status, key=lambda s: rank[s])
     return labs
 
@@ -156,7 +157,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     next_up = None
     for lab, (title, functions) in labs.items():
         solved = sum(s == "passed" for s in functions.values())
-        total = len(functions)
+        total = sum(s != "skipped" for s in functions.values())
         bar = "#" * solved + "." * (total - solved)
         tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
         for function, status in functions.items():
@@ -166,10 +167,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line("  every graded kata function passes.", green=True, bold=True)
         return
     lab, function, status = next_up
-    where = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir)
-                        / f"{lab}.py")
+    source = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir) / f"{lab}.py")
+    where = session.rel(session.kata_dir / f"{lab}.py") + (" --solutions" if session.grade_solutions else "")
     verb = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}[status]
-    tr.write_line(f"  next: {verb} `{function}` in {where}", yellow=True, bold=True)
+    tr.write_line(f"  next: {verb} `{function}` in {source}", yellow=True, bold=True)
     from plugin.collection import grader_katas
 
     for kata in grader_katas(config, session.graders_dir / f"{lab}.py"):

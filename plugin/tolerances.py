@@ -52,6 +52,25 @@ MODEL_FORWARD = Tol(
 )
 
 
+TILE_BLEND = Tol(
+    1e-5, 1e-5,
+    "each tile goes through the same decoder, so only the blend can differ: weights built as a float32 "
+    "tensor instead of Python floats move a seam pixel by an ulp; skipping or mis-ordering a blend is off by 0.1-2",
+)
+
+
+def output_dtype(expected):
+    """The dtype of an expected output: its own, or its first tensor's (tuples, lists, dicts)."""
+    if hasattr(expected, "dtype"):
+        return expected.dtype
+    items = expected.values() if isinstance(expected, dict) else expected if isinstance(expected, (list, tuple)) else ()
+    for item in items:
+        dtype = output_dtype(item)
+        if dtype is not None:
+            return dtype
+    return None
+
+
 def for_dtype(tol: Tol, dtype) -> Tol:
     """float16/bfloat16 outputs get the half-precision tolerance unless the check is exact."""
     import torch

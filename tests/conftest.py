@@ -30,11 +30,10 @@ def graders_loaded():
     Pytester removes modules imported during an inline run; torch and its extensions must not be
     imported a second time in one process.
     """
-    import importlib.util
+    from plugin.collection import load_module
 
     for path in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py")):
-        spec = importlib.util.spec_from_file_location(f"_preload_{path.stem}", path)
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        load_module(path, f"_preload_{path.stem}")
 
 
 def replace_solution_block(source: str, function: str, body: str) -> str:

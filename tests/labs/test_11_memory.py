@@ -1,0 +1,139 @@
+"""Lab 11: wrong tiled/sliced decodes and attentions fail; correct-but-costly ones are over budget."""
+import pytest
+
+LAB = "11_memory"
+
+DIFFUSERS_STYLE_TILED_DECODE = """
+    # correct, but like diffusers it keeps every decoded tile alive until the end
+    vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+    t = tile_latent_size
+    stride, e = int(t * (1 - overlap_factor)), int(t * vsf * overlap_factor)
+    keep = t * vsf - e
+    rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+             for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
+    out_rows = []
+    for i, row in enumerate(rows):
+        for j in range(len(row)):
+            if i > 0:
+                row[j] = blend_seam(rows[i - 1][j], row[j], e, 2)
+            if j > 0:
+                row[j] = blend_seam(row[j - 1], row[j], e, 3)
+        out_rows.append(torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3))
+    return torch.cat(out_rows, dim=2)
+"""
+
+MUTANTS = [
+    ("blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        out = second.clone()
+        for y in range(e):
+            out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (y / e) + second.select(dim, y) * (1 - y / e))
+        return out
+     """, "the weights run the wrong way"),
+    ("blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        out = second.clone()
+        for y in range(e):
+            out.select(dim, y).copy_(first.select(dim, y) * (1 - y / e) + second.select(dim, y) * (y / e))
+        return out
+     """, "blended with `first`'s leading edge"),
+    ("tiled_decode", """
+        vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+        t = tile_latent_size
+        stride, e = int(t * (1 - overlap_factor)), int(t * vsf * overlap_factor)
+        keep = t * vsf - e
+        rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+                 for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
+        return torch.cat([torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3) for row in rows], dim=2)
+     """, "tiles cropped and placed without blending"),
+    ("tiled_decode", """
+        # untiled decode: the right shape only when the tiles divide evenly, and never the same values
+        return vae.decoder(vae.post_quant_conv(latents))
+     """, None),
+    ("tiled_decode", DIFFUSERS_STYLE_TILED_DECODE.replace("int(t * (1 - overlap_factor))",
+                                                          "round(t * (1 - overlap_factor))"), None),
+    ("sliced_decode", "return torch.cat([vae.decoder(latents[b:b + 1]) for b in range(latents.shape[0])])",
+     "post_quant_conv skipped"),
+    ("chunked_attention", """
+        s = query.shape[-1] ** -0.5 if scale is None else scale
+        scores = query @ key.transpose(-2, -1) * s
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        return scores.softmax(-2) @ value
+     """, "softmax over the query axis"),
+    ("chunked_attention", """
+        scores = query @ key.transpose(-2, -1)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        return scores.softmax(-1) @ value
+     """, "the 1/√d scale is missing"),
+    ("chunked_attention", """
+        s = query.shape[-1] ** -0.5 if scale is None else scale
+        out = 0
+        m = None if attn_mask is None else attn_mask.expand(query.shape[:-2] + (query.shape[-2], key.shape[-2]))
+        for a in range(0, key.shape[-2], chunk_size):
+            sc = query @ key[..., a:a + chunk_size, :].transpose(-2, -1) * s
+            if m is not None:
+                mm = m[..., a:a + chunk_size]
+                sc = sc.masked_fill(~mm, float("-inf")) if mm.dtype == torch.bool else sc + mm
+            out = out + sc.softmax(-1).nan_to_num() @ value[..., a:a + chunk_size, :]
+        return out
+     """, "keys chunked"),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body, "-m", "not budget")
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_a_tiled_decode_that_keeps_every_tile_is_correct_but_over_budget(grade_mutant):
+    graded = grade_mutant(LAB, "tiled_decode", DIFFUSERS_STYLE_TILED_DECODE)
+    assert graded.status == "over budget", graded
+    assert "OVER working set (peak minus the output) at 384² px" in graded.text
+    assert "FLOPs at 40×40 latents" not in graded.text  # the FLOPs budget passes: the same tiles
+
+
+def test_decoding_the_whole_batch_at_once_is_correct_but_over_the_slicing_budget(grade_mutant):
+    graded = grade_mutant(LAB, "sliced_decode", "return vae.decoder(vae.post_quant_conv(latents))")
+    assert graded.status == "over budget", graded
+    assert "OVER peak live bytes, batch of 4 at 128² px" in graded.text
+
+
+def test_naive_attention_is_correct_but_over_the_chunking_budget(grade_mutant):
+    graded = grade_mutant(LAB, "chunked_attention", """
+        s = query.shape[-1] ** -0.5 if scale is None else scale
+        scores = query @ key.transpose(-2, -1) * s
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        return scores.softmax(-1) @ value
+    """)
+    assert graded.status == "over budget", graded
+
+
+def test_calling_torch_attention_is_the_answer_key(grade_mutant):
+    graded = grade_mutant(LAB, "chunked_attention", """
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=scale)
+    """, "-m", "not budget")
+    assert graded.status == "failed"
+    assert "is the answer key" in graded.text
+
+
+def test_blending_into_the_callers_tile_in_place_fails(grade_mutant):
+    graded = grade_mutant(LAB, "blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        for y in range(e):
+            second.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - y / e) + second.select(dim, y) * (y / e))
+        return second
+    """, "-m", "not budget")
+    assert graded.status == "failed"
+    assert "changed its input(s) second in place" in graded.text
+
+
+def test_a_wrong_tiled_decode_writes_a_difference_image(grade_mutant, pytester):
+    graded = grade_mutant(LAB, "tiled_decode", MUTANTS[2][1], "-m", "not budget")
+    assert "difference image" in graded.text
+    assert list((pytester.path / ".kata" / "diffs").glob("tiled_decode-*.png"))
