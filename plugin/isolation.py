@@ -107,7 +107,9 @@ def answer_key_locked(paths: tuple[str, ...], kata: str) -> Iterator[None]:
                     f"`{kata}` called {__path}, which is the answer key this kata is graded against. "
                     "Write the computation yourself: that is the exercise.")
 
-            if isinstance(original, staticmethod):
+            if isinstance(original, property):
+                locked = property(locked)
+            elif isinstance(original, staticmethod):
                 locked = staticmethod(locked)
             elif isinstance(original, classmethod):
                 locked = classmethod(locked)

@@ -16,11 +16,7 @@ from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 from plugin.spec import Kata, Scenario
-from plugin.tolerances import SCHEDULE, SIGMA, STEP_MATH, Tol
-
-# New tolerance (exact, like EXACT, but its reason is about integers, not float bits).
-TIMESTEP_INDEX = Tol(0.0, 0.0, "DDIM/DDPM timesteps are int64 indices into the training schedule: "
-                               "off by one is another noise level")
+from plugin.tolerances import SCHEDULE, SIGMA, STEP_MATH, TIMESTEP_INDEX
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 EULER = "diffusers.schedulers.scheduling_euler_discrete.EulerDiscreteScheduler"

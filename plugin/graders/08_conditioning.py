@@ -21,28 +21,7 @@ from diffusers.models.embeddings import PatchEmbed, Timesteps, get_timestep_embe
 from diffusers.models.normalization import AdaLayerNormZero
 
 from plugin.spec import Kata, Scenario
-from plugin.tolerances import EXACT, Tol
-
-EMBED_ANGLE = Tol(
-    2.5e-4, 0.0,
-    "sin/cos of angles up to ~1000 rad: one float32 ulp of such an angle is 6.1e-5, and writing ω as "
-    "1/max_period**(i/half), computing it in float64 or multiplying in another order moves the angle by "
-    "an ulp or two (measured ≤ 6.1e-5 over 200 seeds); a wrong layout, shift or padding is off by ~1",
-)
-
-NORM_MATH = Tol(
-    1e-5, 1e-5,
-    "a LayerNorm written by hand (mean, biased variance, rsqrt) and emb @ W.T + b instead of F.linear "
-    "differ from diffusers' nn.LayerNorm and nn.Linear by float32 rounding (measured ≤ 3.9e-6); "
-    "a LayerNorm eps of 1e-5 for 1e-6 is off by up to 9e-5 on unit-spread tokens, ~5 on tiny ones",
-)
-
-NORM_HALF = Tol(
-    4e-3, 4e-3,
-    "float16: a LayerNorm written by hand with float16 statistics lands up to ~2 float16 ulps from "
-    "nn.LayerNorm, whose CPU kernel keeps float32 statistics (measured ≤ 1.2× (2e-3 + 2e-3·|x|) over 300 "
-    "seeds); a wrong formula is off by ≥ 5e-2",
-)
+from plugin.tolerances import EMBED_ANGLE, EXACT, NORM_HALF, NORM_MATH
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 

@@ -1,0 +1,247 @@
+"""Lab 03: wrong-but-plausible implementations fail, and the commonest ones are named."""
+import importlib.util
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+LAB = "03_scheduler_reading"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def timesteps_body(leading="(torch.arange(n) * (T // n)).flip(0) + steps_offset",
+                   trailing="((T - torch.arange(n, dtype=torch.float64) * (T / n)).round() - 1).long()",
+                   linspace="torch.linspace(0, T - 1, n, dtype=torch.float64).round().flip(0).long()") -> str:
+    """A body for inference_timesteps with one branch swapped for a wrong one."""
+    return f"""
+    n, T = num_inference_steps, num_train_timesteps
+    if timestep_spacing == "leading":
+        return {leading}
+    if timestep_spacing == "trailing":
+        return {trailing}
+    return {linspace}
+    """
+
+
+def step_body(x0_eps="x - sigma * model_output",
+              x0_v="model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)",
+              upcast="sample.to(torch.float32)",
+              result="x + (x - x0) / sigma * (sigma_next - sigma)") -> str:
+    """A body for euler_step with one line swapped for a wrong one."""
+    return f"""
+    x = {upcast}
+    x0 = {x0_v} if prediction_type == "v_prediction" else {x0_eps}
+    return ({result}).to(model_output.dtype)
+    """
+
+
+def sigmas_body(table="((1 - alphas_cumprod) / alphas_cumprod) ** 0.5", t="timesteps.double()",
+                end="torch.cat([s, s.new_zeros(1)]).float()") -> str:
+    """A body for euler_sigmas with one line swapped for a wrong one."""
+    return f"""
+    T = alphas_cumprod.shape[0]
+    table = ({table}).double()
+    t = {t}
+    lo = t.floor().long()
+    hi = (lo + 1).clamp(max=T - 1)
+    s = (table[hi] - table[lo]) * (t - lo) + table[lo]
+    return {end}
+    """
+
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("inference_timesteps", timesteps_body(leading="torch.arange(n) * (T // n) + steps_offset"),
+     "ascending order"),
+    ("inference_timesteps",
+     timesteps_body(leading="(torch.arange(n, dtype=torch.float64) * (T / n)).round().flip(0).long() + steps_offset"),
+     "'leading' with the float spacing T/n"),
+    ("inference_timesteps",
+     timesteps_body(trailing="((T - torch.arange(n, dtype=torch.float64) * (T / n)).round() - 1).long() + steps_offset",
+                    linspace="torch.linspace(0, T - 1, n, dtype=torch.float64).round().flip(0).long() + steps_offset"),
+     "steps_offset added for"),
+    ("inference_timesteps", timesteps_body(leading="(torch.arange(n) * (T // n)).flip(0)"),
+     "steps_offset ignored for 'leading'"),
+    ("inference_timesteps",
+     timesteps_body(trailing="(T - torch.arange(n, dtype=torch.float64) * (T / n)).round().long()"),
+     "'trailing' without the final −1"),
+    ("inference_timesteps", timesteps_body(trailing="T - 1 - torch.arange(n) * (T // n)"),
+     "'trailing' with the integer spacing T//n"),
+    ("inference_timesteps", timesteps_body(linspace="torch.linspace(0, T - 1, n, dtype=torch.float64).flip(0).long()"),
+     "'linspace' truncated"),
+    ("inference_timesteps", timesteps_body(linspace="torch.linspace(0, T, n, dtype=torch.float64).round().flip(0).long()"),
+     "'linspace' over [0, T]"),
+    ("inference_timesteps",  # a loop counter is not a schedule
+     "return torch.arange(num_inference_steps).flip(0)", None),
+    ("inference_timesteps",  # the right values as float: DDIM's timesteps are int64
+     timesteps_body(leading="((torch.arange(n) * (T // n)).flip(0) + steps_offset).double()"), None),
+    ("euler_timesteps",
+     "return inference_timesteps(num_inference_steps, num_train_timesteps, timestep_spacing, steps_offset)",
+     "DDIM's int64 timesteps reused"),
+    ("euler_timesteps",
+     "return inference_timesteps(num_inference_steps, num_train_timesteps, timestep_spacing, steps_offset).float()",
+     "'linspace' rounded to integers"),
+    ("euler_timesteps",
+     """
+     if timestep_spacing == "linspace":
+         return torch.linspace(0, num_train_timesteps - 1, num_inference_steps)
+     return inference_timesteps(num_inference_steps, num_train_timesteps, timestep_spacing,
+                                steps_offset).flip(0).float()
+     """,
+     "ascending order"),
+    ("euler_sigmas", sigmas_body(end="s.float()"), "no final σ = 0"),
+    ("euler_sigmas",
+     """
+     T = alphas_cumprod.shape[0]
+     t = timesteps.double()
+     lo = t.floor().long()
+     hi = (lo + 1).clamp(max=T - 1)
+     a = (alphas_cumprod.double()[hi] - alphas_cumprod.double()[lo]) * (t - lo) + alphas_cumprod.double()[lo]
+     s = ((1 - a) / a) ** 0.5
+     return torch.cat([s, s.new_zeros(1)]).float()
+     """,
+     "ᾱ interpolated, then turned into σ"),
+    ("euler_sigmas", sigmas_body(t="timesteps.round().double()"), "σ read at the rounded timestep"),
+    ("euler_sigmas", sigmas_body(table="(1 - alphas_cumprod) ** 0.5"), "σ = √(1 − ᾱ)"),
+    ("euler_sigmas", sigmas_body(table="(alphas_cumprod / (1 - alphas_cumprod)) ** 0.5"), "σ = √(ᾱ/(1 − ᾱ))"),
+    ("euler_sigmas",  # the ladder in the wrong order
+     sigmas_body(end="torch.cat([s.flip(0), s.new_zeros(1)]).float()"), None),
+    ("euler_sigmas", "return torch.cat([(((1 - alphas_cumprod) / alphas_cumprod) ** 0.5)[timesteps.long()], "
+                     "torch.zeros(1)])", "σ looked up at int(t)"),
+    ("euler_sigmas",  # the final 0 put first
+     sigmas_body(end="torch.cat([s.new_zeros(1), s]).float()"), None),
+    ("init_noise_sigma", "return float(sigmas.max())", "σ_max for every spacing"),
+    ("init_noise_sigma", "return (float(sigmas.max()) ** 2 + 1) ** 0.5", "√(σ_max² + 1) for every spacing"),
+    ("init_noise_sigma", "return 1.0", "1.0, as for DDPM/DDIM"),
+    ("init_noise_sigma",  # the smallest σ is 0: the end of the ladder, not its start
+     "return float(sigmas[-1])", None),
+    ("euler_scale_model_input", "return sample * (sigma**2 + 1) ** 0.5", "multiplied by √(σ² + 1)"),
+    ("euler_scale_model_input", "return sample / sigma", "divided by σ"),
+    ("euler_scale_model_input", "return sample / (sigma**2 + 1)", "divided by σ² + 1"),
+    ("euler_scale_model_input",  # DDPM's coefficient √ᾱ is right, but this is √(1 − ᾱ)
+     "return sample * sigma / (sigma**2 + 1) ** 0.5", None),
+    ("euler_step", step_body(result="x + (x - x0) / sigma * (sigma - sigma_next)"), "step size σ − σ_next"),
+    ("euler_step", step_body(x0_v="x - sigma * model_output"), "v-prediction treated as ε"),
+    ("euler_step", step_body(x0_v="model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1) ** 0.5"),
+     "v-prediction's x̂_0 taken on the unscaled latent"),
+    ("euler_step", step_body(result="x0"), "returned x̂_0 instead of the next latent"),
+    ("euler_step", step_body(upcast="sample"), "computed in float16"),
+    ("euler_step", step_body(result="x + (x - x0) * (sigma_next - sigma)"), "the derivative not divided by σ"),
+    ("euler_step",  # x̂_0 read at the wrong noise level
+     step_body(x0_eps="x - sigma_next * model_output"), None),
+    ("euler_step",  # the output left in float32 for a float16 model
+     """
+     x = sample.to(torch.float32)
+     x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1) if prediction_type == "v_prediction" else x - sigma * model_output
+     return x + (x - x0) / sigma * (sigma_next - sigma)
+     """,
+     None),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_the_same_euler_step_written_as_x0_plus_sigma_next_eps_passes(grade_mutant):
+    # x + (σ_next − σ)·(x − x̂_0)/σ = x̂_0 + σ_next·ε for ε-prediction: the same step, other float ops.
+    graded = grade_mutant(LAB, "euler_step", """
+        x = sample.to(torch.float32)
+        if prediction_type == "v_prediction":
+            x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+            return (x + (x - x0) / sigma * (sigma_next - sigma)).to(model_output.dtype)
+        return (x - sigma * model_output + sigma_next * model_output).to(model_output.dtype)
+    """)
+    assert graded.status == "passed", graded
+
+
+def test_python_float_sigmas_are_accepted_by_scale_model_input(grade_mutant):
+    graded = grade_mutant(LAB, "euler_scale_model_input", "return sample / ((float(sigma) ** 2 + 1) ** 0.5)")
+    assert graded.status == "passed", graded
+
+
+def test_reading_init_noise_sigma_off_a_scheduler_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "init_noise_sigma", """
+        from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+        s = EulerDiscreteScheduler(timestep_spacing=timestep_spacing)
+        s.sigmas = sigmas
+        return float(s.init_noise_sigma)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text
+
+
+def test_calling_the_diffusers_answer_key_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "inference_timesteps", """
+        from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+        s = DDIMScheduler(num_train_timesteps=num_train_timesteps, timestep_spacing=timestep_spacing,
+                          steps_offset=steps_offset)
+        s.set_timesteps(num_inference_steps)
+        return s.timesteps
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text
+
+
+def test_changing_the_latent_in_place_fails_even_with_the_right_values(grade_mutant):
+    graded = grade_mutant(LAB, "euler_scale_model_input", "return sample.div_((sigma**2 + 1) ** 0.5)")
+    assert graded.status == "failed"
+    assert "changed its input(s) sample in place" in graded.text
+
+
+def _grader():
+    path = REPO / "plugin" / "graders" / f"{LAB}.py"
+    spec = importlib.util.spec_from_file_location(f"_test_grader_{LAB}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def exact_timesteps(n: int, T: int, spacing: str, offset: int) -> list[int]:
+    """The timesteps in exact rational arithmetic, rounded half to even (Python's round on a Fraction)."""
+    if spacing == "leading":
+        return [i * (T // n) + offset for i in range(n)][::-1]
+    if spacing == "trailing":
+        return [round(T - Fraction(i * T, n)) - 1 for i in range(n)]
+    return [round(Fraction(i * (T - 1), n - 1)) for i in range(n)][::-1]
+
+
+def test_every_graded_step_count_is_one_where_diffusers_equals_exact_arithmetic():
+    # numpy's float64 grids flip an exact .5 for some step counts (T=1000: linspace n=27, trailing n=48):
+    # the grader must not use those, or a learner's exact formula would be marked wrong.
+    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+
+    grader = _grader()
+    for case in grader.DDIM_CASES + grader.DDPM_CASES:
+        n, T = case["num_inference_steps"], case.get("num_train_timesteps", 1000)
+        spacing, offset = case["timestep_spacing"], case["steps_offset"]
+        s = DDIMScheduler(num_train_timesteps=T, timestep_spacing=spacing, steps_offset=offset)
+        s.set_timesteps(n)
+        assert s.timesteps.tolist() == exact_timesteps(n, T, spacing, offset), case
+
+
+def test_the_graded_cases_separate_every_declared_trap():
+    # Each trap must differ from the reference on at least one graded scenario, or it could never be named.
+    import torch
+
+    from plugin.comparison import matches
+    from plugin.isolation import fresh
+    from plugin.tolerances import for_dtype
+
+    for kata in _grader().__dict__.values():
+        if not hasattr(kata, "traps") or not hasattr(kata, "checks"):
+            continue
+        scenarios = []
+        for check in kata.checks:
+            g = torch.Generator().manual_seed(0)
+            for case in check.cases:
+                built = check.build(case, g)
+                scenarios += [(s, for_dtype(check.tol, getattr(s.expected, "dtype", None)))
+                              for s in (built if isinstance(built, list) else [built])]
+        for trap in kata.traps:
+            assert any(not matches(s.expected, trap.fn(**fresh(s.inputs)), tol) for s, tol in scenarios), (
+                f"{kata.name}: trap '{trap.name}' equals the reference on every graded scenario")

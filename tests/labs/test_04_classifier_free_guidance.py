@@ -1,0 +1,179 @@
+"""Lab 04: wrong-but-plausible guidance code fails and the commonest mistakes are named; equivalent
+rewrites of the right answer pass."""
+import pytest
+
+LAB = "04_classifier_free_guidance"
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("guidance_combine",
+     "return noise_text + guidance_scale * (noise_uncond - noise_text)",
+     "branches swapped"),
+    ("guidance_combine",
+     "return noise_text + guidance_scale * (noise_text - noise_uncond)",
+     "the paper's form"),
+    ("guidance_combine",
+     "return noise_uncond + guidance_scale * noise_text",
+     "ε_u + s·ε_c (the difference"),
+    ("guidance_combine",
+     "return guidance_scale * (noise_text - noise_uncond)",
+     "s·(ε_c − ε_u) without the ε_u base"),
+    ("guidance_combine",
+     "return noise_uncond + guidance_scale * noise_text - noise_uncond",
+     "ε_u + s·ε_c − ε_u (parentheses missing"),
+    ("guidance_combine",  # right in float32, off in the float16 case
+     "return (1 - guidance_scale) * noise_uncond + guidance_scale * noise_text",
+     "(1 − s)·ε_u + s·ε_c"),
+    ("guidance_combine",  # the average of the branches, scaled: no trap, still wrong
+     "return guidance_scale * (noise_uncond + noise_text) / 2",
+     None),
+    ("rescale_guidance",
+     """
+     r = noise_cfg * (noise_text.std() / noise_cfg.std())
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+     """,
+     "one σ for the whole batch"),
+    ("rescale_guidance",
+     """
+     dims = list(range(2, noise_cfg.ndim))
+     r = noise_cfg * (noise_text.std(dim=dims, keepdim=True) / noise_cfg.std(dim=dims, keepdim=True))
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+     """,
+     "σ per sample AND channel"),
+    ("rescale_guidance",
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     return noise_cfg * (noise_text.std(dim=dims, keepdim=True) / noise_cfg.std(dim=dims, keepdim=True))
+     """,
+     "the rescaled prediction returned without the φ blend"),
+    ("rescale_guidance",
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     r = noise_cfg * (noise_text.std(dim=dims, keepdim=True) / noise_cfg.std(dim=dims, keepdim=True))
+     return guidance_rescale * r + noise_cfg
+     """,
+     "φ·rescaled + noise_cfg"),
+    ("rescale_guidance",
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     r = noise_cfg * (noise_text.std(dim=dims, keepdim=True) / noise_cfg.std(dim=dims, keepdim=True))
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_text
+     """,
+     "blended with noise_text"),
+    ("rescale_guidance",
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     r = noise_cfg * (noise_cfg.std(dim=dims, keepdim=True) / noise_text.std(dim=dims, keepdim=True))
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+     """,
+     "the ratio upside down"),
+    ("rescale_guidance",  # rescaled to unit std instead of the text prediction's
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     r = noise_cfg / noise_cfg.std(dim=dims, keepdim=True)
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+     """,
+     None),
+    ("guided_noise",
+     """
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([prompt_embeds, negative_prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     if guidance_rescale > 0:
+         guided = rescale_guidance(guided, noise_text, guidance_rescale)
+     return guided
+     """,
+     "conditioning batch built text-first"),
+    ("guided_noise",
+     """
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     return guidance_combine(noise_uncond, noise_text, guidance_scale)
+     """,
+     "guidance_rescale ignored"),
+    ("guided_noise",
+     """
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     if guidance_rescale > 0:
+         guided = rescale_guidance(guided, noise_uncond, guidance_rescale)
+     return guided
+     """,
+     "rescaled towards the unconditional"),
+    ("guided_noise",
+     """
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     return noise.chunk(2)[1]
+     """,
+     "the text prediction alone"),
+    ("guided_noise",  # latents not doubled: the UNet sees B latents against 2B prompts and fails
+     """
+     noise = unet(latents, timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     return guidance_combine(noise_uncond, noise_text, guidance_scale)
+     """,
+     None),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_two_separate_denoiser_calls_fail_and_say_how_many_calls_were_seen(grade_mutant):
+    graded = grade_mutant(LAB, "guided_noise", """
+        noise_uncond = text_noise(unet, latents, timestep, negative_prompt_embeds)
+        noise_text = text_noise(unet, latents, timestep, prompt_embeds)
+        guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+        if guidance_rescale > 0:
+            guided = rescale_guidance(guided, noise_text, guidance_rescale)
+        return guided
+    """)
+    assert graded.status == "failed"
+    assert "made 2 calls to the denoiser with batch sizes [1, 1]" in graded.text, graded.text
+
+
+EQUIVALENT = [
+    ("guidance_combine", "return torch.lerp(noise_uncond, noise_text, guidance_scale)"),
+    ("rescale_guidance",  # biased std via the variance: the ratio cancels the estimator's factor
+     """
+     dims = tuple(range(1, noise_cfg.ndim))
+     ratio = (noise_text.var(dim=dims, correction=0, keepdim=True)
+              / noise_cfg.var(dim=dims, correction=0, keepdim=True)).sqrt()
+     return noise_cfg * (guidance_rescale * ratio + 1 - guidance_rescale)
+     """),
+    ("guided_noise",  # no shortcut at guidance_scale ≤ 1, keyword arguments, return_dict=False
+     """
+     noise = unet(sample=torch.cat([latents] * 2), timestep=timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds]),
+                  return_dict=False)[0]
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     return rescale_guidance(guided, noise_text, guidance_rescale)
+     """),
+]
+
+
+@pytest.mark.parametrize("function, body", EQUIVALENT, ids=[f"{m[0]}-{i}" for i, m in enumerate(EQUIVALENT)])
+def test_an_equivalent_rewrite_of_the_right_answer_passes(grade_mutant, function, body):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "passed", graded
+
+
+def test_calling_the_diffusers_rescale_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "rescale_guidance", """
+        from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+        return rescale_noise_cfg(noise_cfg, noise_text, guidance_rescale)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text
