@@ -22,6 +22,9 @@ def describe(value: Any) -> str:
 
     if isinstance(value, torch.Tensor):
         return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        shapes = ", ".join(str(tuple(v.shape)) for v in value[:4]) + (", …" if len(value) > 4 else "")
+        return f"{type(value).__name__} of {len(value)} {value[0].dtype} tensors {shapes}"
     if isinstance(value, (list, tuple)) and len(value) > 6:
         return f"{type(value).__name__} of {len(value)}"
     if isinstance(value, torch.Generator):
@@ -30,6 +33,8 @@ def describe(value: Any) -> str:
         n = sum(p.numel() for p in value.parameters())
         return f"{type(value).__name__}({n:,} parameters)"
     text = repr(value)
+    if "\n" in text or (len(text) > 80 and not isinstance(value, (str, list, tuple, dict))):
+        return type(value).__name__  # schedulers and other objects with a many-line repr
     return text if len(text) <= 80 else text[:77] + "..."
 
 
