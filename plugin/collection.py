@@ -7,6 +7,7 @@ functions from `solutions/01_forward_noise.py` instead.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import sys
 import traceback
@@ -95,6 +96,15 @@ class KataFile(pytest.File):
                 for mark in check.marks:
                     item.add_marker(mark)
                 yield self._limited(item, session)
+            if session.hidden_seed is not None:
+                for check in kata.checks:
+                    cases = check.cases + session.hidden_cases.get(f"{self.lab}::{kata.name}::{check.name}", [])
+                    hidden = dataclasses.replace(check, cases=cases)
+                    item = KataItem.from_parent(self, name=f"{kata.name}[{check.name} · hidden]", check=hidden,
+                                                hidden=True)
+                    for mark in check.marks:
+                        item.add_marker(mark)
+                    yield self._limited(item, session)
             for budget in kata.budgets:
                 item = BudgetItem.from_parent(self, name=budget.id, budget=budget)
                 item.add_marker(pytest.mark.budget)
@@ -139,10 +149,11 @@ class KataFile(pytest.File):
 class KataItem(pytest.Item):
     """One check of one kata function, run over all of its cases."""
 
-    def __init__(self, *, check: Check, **kwargs):
+    def __init__(self, *, check: Check, hidden: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.check = check
         self.kata = check.kata
+        self.hidden = hidden  # drawn from the instructor's seed (and case file): learners never see it
         self.last_context = ""
 
     @property
@@ -151,10 +162,11 @@ class KataItem(pytest.Item):
 
     @property
     def check_name(self) -> str:
-        return self.check.name
+        return f"{self.check.name} · hidden" if self.hidden else self.check.name
 
     def seed(self, salt: str = "") -> int:
-        base = self.config.stash[state.SESSION].seed
+        session = self.config.stash[state.SESSION]
+        base = session.hidden_seed if self.hidden else session.seed
         return (base + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
 
     def learner_function(self):
@@ -194,7 +206,9 @@ class KataItem(pytest.Item):
         from plugin.tolerances import for_dtype, output_dtype
 
         seed = self.seed(check.name)
-        torch.manual_seed(seed)  # models and adapters built inside a check draw from the global RNG
+        # Models and adapters built inside a check draw from the global RNG; inputs from `g`. Distinct
+        # seeds: a learner who forgets `generator=` must not redraw the grader's own inputs by luck.
+        torch.manual_seed(seed ^ 0x5EED)
         g = torch.Generator().manual_seed(seed)
         total = len(check.cases)
         for number, case in enumerate(check.cases, 1):

@@ -105,7 +105,7 @@ def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
                     f"first at index {idx}: yours {actual[idx].item()!r}, expected {_fmt(expected[idx].item())}")
     a = actual.detach().double()
     e = expected.detach().double()
-    both_nonfinite_equal = ~torch.isfinite(e) & (a == e)
+    both_nonfinite_equal = ~torch.isfinite(e) & ((a == e) | (a.isnan() & e.isnan()))
     diff = (a - e).abs()
     diff = torch.where(both_nonfinite_equal, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=math.inf)

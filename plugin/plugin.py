@@ -26,6 +26,12 @@ SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (inst
 SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
 HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more tier each time the same "
               "function fails again")
+GRADESCOPE_HELP = "Write Gradescope's results.json to PATH (one test per kata function, points as declared)"
+HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor seed "
+                    "(default: $KATA_HIDDEN_SEED)")
+HIDDEN_CASES_HELP = 'JSON file of extra hidden cases: {"lab::function::check": [case, ...]}'
+HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default) or the full message"
+FUNCTION_HELP = "Grade only this kata function (exact name; repeat for several)"
 JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
 TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pytest-timeout)"
 KATA_DIR_HELP = "Folder of the learner's kata files, relative to the rootdir"
@@ -46,7 +52,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-seed", type=int, default=None, metavar="N", help=SEED_HELP)
     group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
     group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
+    group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
     group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
+    group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
+    group.addoption("--kata-hidden-seed", type=int, default=None, metavar="N", help=HIDDEN_SEED_HELP)
+    group.addoption("--kata-hidden-cases", default=None, metavar="PATH", help=HIDDEN_CASES_HELP)
+    group.addoption("--kata-hidden-output", choices=("name-only", "full"), default="name-only",
+                    help=HIDDEN_OUTPUT_HELP)
     parser.addini("kata_timeout", TIMEOUT_HELP, default="120")
     parser.addini("kata_dir", KATA_DIR_HELP, default="katas")
     parser.addini("kata_solutions_dir", SOLUTIONS_DIR_HELP, default="solutions")
@@ -79,7 +91,12 @@ def pytest_configure(config: pytest.Config) -> None:
         seed_given=seed is not None,
         hint_tiers=hints,
         timeout=timeout,
-        json_path=Path(config.getoption("kata_json")).resolve() if config.getoption("kata_json") else None,
+        json_path=_path(config.getoption("kata_json")),
+        gradescope_path=_path(config.getoption("gradescope")),
+        hidden_seed=_hidden_seed(config) if _hidden_seed(config) is not None else (
+            0 if config.getoption("kata_hidden_cases") else None),
+        hidden_cases=_hidden_cases(config.getoption("kata_hidden_cases")),
+        hidden_output=config.getoption("kata_hidden_output"),
     )
     if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
         session.failures = dict(config.cache.get("katas/failures", {}))
@@ -87,8 +104,46 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[state.GRADERS] = {}
 
 
+def _path(value: str | None) -> Path | None:
+    return Path(value).resolve() if value else None
+
+
+def _hidden_seed(config: pytest.Config) -> int | None:
+    seed = config.getoption("kata_hidden_seed")
+    if seed is not None:
+        return seed
+    env = os.environ.get("KATA_HIDDEN_SEED")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise pytest.UsageError(f"KATA_HIDDEN_SEED must be an integer, got {env!r} from the environment")
+    return None
+
+
+def _hidden_cases(path: str | None) -> dict:
+    if not path:
+        return {}
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--kata-hidden-cases {path}: {exc}")
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise pytest.UsageError(f'--kata-hidden-cases {path}: expected {{"lab::function::check": [case, ...]}}')
+    return data
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `cuda` tests where CUDA is not available; keep kata runs to one CPU thread."""
+    """Select --kata-function; skip `cuda` tests without CUDA; keep kata runs to one CPU thread."""
+    from plugin.collection import KataItem
+
+    wanted = set(config.getoption("kata_function"))
+    if wanted:
+        keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
     if any(item.get_closest_marker("cuda") for item in items):
         import torch
 
@@ -97,8 +152,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in items:
                 if item.get_closest_marker("cuda"):
                     item.add_marker(skip)
-    from plugin.collection import KataItem
-
     if any(isinstance(item, KataItem) for item in items):
         import torch
 

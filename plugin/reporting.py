@@ -40,7 +40,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         message = "" if report.passed else str(report.longrepr or "")
         session.results.append(state.Result(
             item.nodeid, item.lab, item.parent.title, item.kata.name, item.check_name, status,
-            item.kata.points, message, report.duration))
+            item.kata.points, message, report.duration, item.hidden))
     return report
 
 
@@ -85,6 +85,9 @@ def failure_text(item, excinfo) -> str:
 
     session = item.config.stash[state.SESSION]
     rel = session.rel(item.parent.source)
+    if item.hidden and session.hidden_output == "name-only" and not excinfo.errisinstance(KataTodo):
+        return (f"hidden check failed: {item.kata.name} · {item.check.name} "
+                "(its inputs and message are withheld; the visible checks teach the same thing)")
     if excinfo.errisinstance(KataTodo):
         return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
     if excinfo.errisinstance(OverBudget):
@@ -164,7 +167,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             if next_up is None and status in ("todo", "failed", "over budget"):
                 next_up = (lab, function, status)
     if next_up is None:
-        tr.write_line("  every graded kata function passes.", green=True, bold=True)
+        if session.hidden_seed is None:
+            tr.write_line("  every visible check passes. Hidden checks, if your instructor uses them, "
+                          "were not run here.", green=True, bold=True)
+        else:
+            tr.write_line("  every graded kata function passes, hidden checks included.", green=True, bold=True)
         return
     lab, function, status = next_up
     source = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir) / f"{lab}.py")
@@ -183,8 +190,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write --kata-json; remember consecutive failures per function for progressive hints."""
     config = session.config
     kata_session = config.stash.get(state.SESSION, None)
-    if kata_session is not None and kata_session.json_path is not None:
-        write_json(kata_session, kata_session.json_path)
+    if kata_session is not None and (kata_session.json_path or kata_session.gradescope_path):
+        from plugin import formats
+
+        if kata_session.json_path is not None:
+            formats.write_json(kata_session, kata_session.json_path)
+        if kata_session.gradescope_path is not None:
+            formats.write_gradescope(kata_session, kata_session.gradescope_path)
     if kata_session is None or getattr(config, "cache", None) is None or not kata_session.results:
         return
     failures = dict(kata_session.failures)
@@ -196,31 +208,3 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             elif status == "passed":
                 failures.pop(key, None)
     config.cache.set("katas/failures", failures)
-
-
-def write_json(session: state.KataSession, path) -> None:
-    """Our own machine-readable report: versions, seed, and every graded item."""
-    import dataclasses
-    import json
-    import platform
-    from importlib import metadata
-
-    def version(name):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    labs = progress(session)
-    data = {
-        "graded": session.rel(session.solutions_dir if session.grade_solutions else session.kata_dir),
-        "seed": session.seed,
-        "versions": {"python": platform.python_version(),
-                     **{name: version(name) for name in ("torch", "diffusers", "peft", "transformers")}},
-        "labs": [{"lab": lab, "title": title,
-                  "functions": [{"name": f, "status": s} for f, s in functions.items()]}
-                 for lab, (title, functions) in labs.items()],
-        "results": [dataclasses.asdict(r) for r in session.results],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")

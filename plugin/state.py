@@ -20,6 +20,7 @@ class Result:
     points: float  # the function's points (shared by its checks)
     message: str = ""
     duration: float = 0.0
+    hidden: bool = False
 
 
 @dataclass
@@ -34,6 +35,11 @@ class KataSession:
     hint_tiers: int | None  # --kata-hints; None: reveal one more tier per consecutive failure
     timeout: float
     json_path: Path | None = None  # --kata-json
+    gradescope_path: Path | None = None  # --gradescope
+    # Hidden checks: the instructor's seed and extra cases ("lab::function::check" -> [case]).
+    hidden_seed: int | None = None
+    hidden_cases: dict = field(default_factory=dict)
+    hidden_output: str = "name-only"  # or "full"
     # Consecutive failures per "lab::function", from the pytest cache: drives progressive hints.
     failures: dict[str, int] = field(default_factory=dict)
     # One entry per graded item, in run order.

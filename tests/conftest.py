@@ -80,7 +80,7 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
         katas.mkdir(exist_ok=True)
         (katas / f"{lab}.py").write_text(replace_solution_block(source, function, body), encoding="utf-8")
         recorder = pytester.inline_run("-p", "plugin.plugin", f"katas/{lab}.py", "--kata-seed", "7",
-                                       "-p", "no:cacheprovider", *args)
+                                       "--kata-function", function, "-p", "no:cacheprovider", *args)
         reports = [r for r in recorder.getreports("pytest_runtest_logreport")
                    if r.nodeid.startswith(f"katas/{lab}.py::{function}[") and hasattr(r, "kata_status")]
         assert reports, f"no kata items graded for {function}"

@@ -27,7 +27,7 @@ def test_all_functions_correct_exits_zero_and_says_so(toy):
     toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
     result = toy.run("katas")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*kata progress*", "*Lab 01 · Toy lab*3/3*", "*every graded kata function passes*"])
+    result.stdout.fnmatch_lines(["*kata progress*", "*Lab 01 · Toy lab*3/3*", "*every visible check passes*"])
 
 
 def test_the_summary_names_the_next_todo_and_its_first_hint(toy):
@@ -108,3 +108,10 @@ def test_the_options_appear_in_one_group_in_help(pytester):
 def test_a_bad_hint_level_is_a_usage_error_naming_its_source(toy):
     result = toy.run("katas", "--kata-hints", "9")
     result.stderr.fnmatch_lines(["*--kata-hints takes 0 to 3, got 9 from the command line*"])
+
+
+def test_kata_function_grades_only_the_named_function(toy):
+    toy.kata(double="return x * 2")
+    result = toy.run("katas", "--kata-function", "double", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*2 deselected*"])

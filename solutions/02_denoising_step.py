@@ -1,0 +1,251 @@
+"""Lab 02 · Denoising step
+
+Concept:
+    A sampler repeats one reverse update: the network looks at the noisy x_t and the timestep t and
+    returns a *prediction about x_t* (the noise ε in it, the velocity v, or the clean sample x_0),
+    and the scheduler turns that prediction into x_{t_prev} with fixed math. The network never
+    outputs the next image. Every scheduler first converts the prediction into an estimate x̂_0 (and
+    the matching ε̂), then moves: DDIM re-noises x̂_0 down to the previous noise level
+    (Song et al. 2021, eq. 12), DDPM samples the Gaussian posterior q(x_{t_prev} | x_t, x̂_0)
+    (Ho et al. 2020, eq. 6-7).
+
+Mental model:
+    - The state is the latent x_t, shape (B, C, H, W). The model output has the same shape but means
+      whatever the scheduler's `prediction_type` says: "epsilon", "v_prediction" or "sample". The
+      weights do not tell you which; the config does.
+    - x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε ties the three together: know any one of ε, v, x_0 (plus x_t) and
+      you know the other two. x̂_0 and ε̂ are two views of the same split of x_t.
+    - With n inference steps the update jumps from t to prev_t = t − T//n, not to t − 1. Both ends
+      read ᾱ from the training table; the step's own α_t = ᾱ_t/ᾱ_prev covers the whole stride.
+      Past the end of the table (prev_t < 0) the target is the clean sample: ᾱ_prev = 1.
+    - Randomness: DDPM adds σ_t·z at every step but t = 0; DDIM adds η·σ_t·z, so η = 0 is a
+      deterministic sampler and η = 1 has DDPM's noise level.
+
+Traps:
+    - The model output is not pixels and not x_{t−1}: for "epsilon" it is noise, for "v_prediction"
+      a mix of noise and signal. Feeding it to the wrong formula gives garbage of the right shape.
+    - ᾱ_t used where √ᾱ_t belongs when solving x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε for x_0.
+    - v is not ε: x̂_0 = √ᾱ_t·x_t − √(1 − ᾱ_t)·v, a rotation, not a division.
+    - DDIM's previous timestep is t − T//n (even with "trailing" spacing, where the next entry of
+      the schedule can be one off), and at the last step ᾱ_prev = 1, not alphas_cumprod[prev_t]
+      (a negative index silently wraps to the end of the table in Python).
+    - clip_sample defaults to True in DDPMScheduler and DDIMScheduler: x̂_0 is clamped to [−1, 1].
+      DDIM keeps the *unclipped* ε̂ for the direction term (use_clipped_model_output=False).
+    - DDPM with a strided schedule: α_t = ᾱ_t/ᾱ_prev, not 1 − β_t of the training schedule.
+    - Noise: std, not variance; drawn with the caller's generator as
+      randn(model_output.shape, generator=..., dtype=model_output.dtype); none at DDPM's t = 0;
+      DDIM draws one whenever η > 0, even at the last step where σ = 0.
+
+Say it out loud:
+    "The UNet predicts the noise in x_t (or v, or x_0, per the scheduler config), not the next
+    image. The scheduler converts that into an estimate of the clean sample, clips it, and moves to
+    the previous timestep T//n steps earlier: DDIM puts x̂_0 back at noise level ᾱ_prev along the
+    predicted noise direction, plus η-scaled fresh noise; DDPM samples the Gaussian posterior between
+    x̂_0 and x_t. Past the first timestep ᾱ is 1: the last step lands on x̂_0 itself."
+
+Graded against: diffusers DDIMScheduler.step (pred_original_sample and prev_sample) and
+DDPMScheduler.step, at every timestep of set_timesteps(n), on fresh seeded inputs.
+Run: python -m pytest katas/02_denoising_step.py
+"""
+from typing import Any
+
+import torch
+
+
+# ---- Worked examples -------------------------------------------------------------------------------
+def denoise_once(model: Any, scheduler: Any, sample: torch.Tensor, t: int, **conditioning) -> torch.Tensor:
+    """One reverse update as every diffusers pipeline's loop body writes it (not graded).
+
+    model: a UNet (returns an object with `.sample`); scheduler: any diffusers scheduler.
+    sample: (B, C, H, W) latents x_t.  Returns: (B, C, H, W) latents x_{t_prev}.
+    """
+    model_input = scheduler.scale_model_input(sample, t)  # identity for DDPM/DDIM, ÷√(σ²+1) for Euler
+    model_output = model(model_input, t, **conditioning).sample  # ε, v or x_0: a prediction, not x_{t_prev}
+    return scheduler.step(model_output, t, sample).prev_sample  # the scheduler owns the update rule
+
+
+def predict_epsilon(
+    model_output: torch.Tensor, sample: torch.Tensor, alpha_prod_t: torch.Tensor, prediction_type: str
+) -> torch.Tensor:
+    """ε̂: the noise in x_t implied by the model's prediction (used by DDIM's direction term).
+
+    Same math as diffusers' DDIMScheduler.step (the `pred_epsilon` it computes), before any clipping.
+    Args: model_output, sample (B, C, H, W); alpha_prod_t 0-dim float32 (ᾱ_t).  Returns: (B, C, H, W).
+    """
+    beta_prod_t = 1 - alpha_prod_t  # 1 − ᾱ_t
+    if prediction_type == "epsilon":
+        return model_output  # the model predicted the noise itself
+    if prediction_type == "v_prediction":
+        # v = √ᾱ·ε − √(1−ᾱ)·x_0 and x_t = √ᾱ·x_0 + √(1−ᾱ)·ε: rotate back to get ε.
+        return (alpha_prod_t**0.5) * model_output + (beta_prod_t**0.5) * sample
+    if prediction_type == "sample":
+        # the model predicted x_0: solve x_t = √ᾱ·x_0 + √(1−ᾱ)·ε for ε.
+        return (sample - alpha_prod_t ** (0.5) * model_output) / beta_prod_t ** (0.5)
+    raise ValueError(f"prediction_type must be 'epsilon', 'v_prediction' or 'sample', got {prediction_type!r}")
+
+
+# ---- Your turn -------------------------------------------------------------------------------------
+def predict_x0(
+    model_output: torch.Tensor, sample: torch.Tensor, alpha_prod_t: torch.Tensor, prediction_type: str
+) -> torch.Tensor:
+    """x̂_0: the clean sample implied by the model's prediction, before any clipping.
+
+    epsilon:      x̂_0 = (x_t − √(1 − ᾱ_t)·ε̂) / √ᾱ_t        (DDPM paper, eq. 15)
+    v_prediction: x̂_0 = √ᾱ_t·x_t − √(1 − ᾱ_t)·v              (Salimans & Ho 2022)
+    sample:       x̂_0 = the model output itself
+
+    Graded against: DDIMScheduler.step(...).pred_original_sample with clip_sample=False
+    Args:
+        model_output:    (B, C, H, W) the network's output, float32 or float16
+        sample:          (B, C, H, W) the noisy x_t it was given, same dtype
+        alpha_prod_t:    0-dim float32 tensor, ᾱ_t = alphas_cumprod[t]
+        prediction_type: "epsilon", "v_prediction" or "sample" (the scheduler config says which)
+    Returns: (B, C, H, W), dtype of model_output.
+    """
+    # BEGIN SOLUTION: one formula per prediction_type; √ᾱ_t and √(1 − ᾱ_t) are the coefficients
+    # Notation: alpha_prod_t -> ᾱ_t, beta_prod_t -> 1 − ᾱ_t, sample -> x_t.
+    beta_prod_t = 1 - alpha_prod_t
+    if prediction_type == "epsilon":
+        # invert x_t = √ᾱ·x_0 + √(1−ᾱ)·ε; dividing by √ᾱ_t amplifies errors at high t (√ᾱ_999 ≈ 0.07).
+        return (sample - beta_prod_t ** (0.5) * model_output) / alpha_prod_t ** (0.5)
+    if prediction_type == "v_prediction":
+        # no division: stays finite even where ᾱ_t = 0 (zero terminal SNR), where x̂_0 = −v.
+        return (alpha_prod_t**0.5) * sample - (beta_prod_t**0.5) * model_output
+    if prediction_type == "sample":
+        return model_output
+    raise ValueError(f"prediction_type must be 'epsilon', 'v_prediction' or 'sample', got {prediction_type!r}")
+    # END SOLUTION
+
+
+def ddim_step(
+    model_output: torch.Tensor,
+    timestep: int,
+    sample: torch.Tensor,
+    alphas_cumprod: torch.Tensor,
+    num_inference_steps: int,
+    eta: float = 0.0,
+    generator: torch.Generator | None = None,
+    prediction_type: str = "epsilon",
+    clip_sample: bool = True,
+) -> torch.Tensor:
+    """One DDIM update x_t -> x_{prev_t} (Song et al. 2021, eq. 12 and 16).
+
+    prev_t = t − T//n;  ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0
+    σ_t = η·√((1 − ᾱ_prev)/(1 − ᾱ_t)·(1 − ᾱ_t/ᾱ_prev))
+    x_prev = √ᾱ_prev·x̂_0 + √(1 − ᾱ_prev − σ_t²)·ε̂ + σ_t·z,   z drawn only when η > 0
+
+    Graded against: DDIMScheduler.step(...).prev_sample (set_alpha_to_one=True, the default;
+    use_clipped_model_output=False) at every timestep of set_timesteps(num_inference_steps).
+    Args:
+        model_output:        (B, C, H, W) the network's prediction at `timestep`, float32 or float16
+        timestep:            t, an entry of the schedule (int)
+        sample:              (B, C, H, W) x_t, same dtype as model_output
+        alphas_cumprod:      (T,) float32, the training table ᾱ
+        num_inference_steps: n, the number of steps the sampler runs
+        eta:                 η ≥ 0, the share of DDPM's noise to add (0: deterministic)
+        generator:           the torch.Generator to draw z from when η > 0
+        prediction_type:     "epsilon", "v_prediction" or "sample"
+        clip_sample:         clamp x̂_0 to [−1, 1] (the scheduler default)
+    Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
+    """
+    # BEGIN SOLUTION: prev_t and both ᾱ; x̂0 and ε̂; clip x̂0; σ from η; combine; add σ·z when η > 0
+    # Notation: alpha_prod_t -> ᾱ_t, alpha_prod_t_prev -> ᾱ_{t_prev}, std_dev_t -> σ_t,
+    #           pred_original_sample -> x̂_0, pred_epsilon -> ε̂, eta -> η.
+    # 1. the previous timestep: a fixed stride T//n, whatever the spacing of the schedule.
+    num_train_timesteps = alphas_cumprod.shape[0]
+    prev_timestep = timestep - num_train_timesteps // num_inference_steps
+
+    # 2. ᾱ at both ends. Past the start of the table the target is clean data: ᾱ = 1
+    #    (never alphas_cumprod[negative]: Python would wrap to the noisy end of the table).
+    alpha_prod_t = alphas_cumprod[timestep]
+    alpha_prod_t_prev = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)
+    beta_prod_t = 1 - alpha_prod_t
+
+    # 3. the model's prediction as x̂_0 and ε̂, both from the raw output.
+    pred_original_sample = predict_x0(model_output, sample, alpha_prod_t, prediction_type)
+    pred_epsilon = predict_epsilon(model_output, sample, alpha_prod_t, prediction_type)
+
+    # 4. clip x̂_0 only; ε̂ keeps the unclipped value (diffusers' use_clipped_model_output=False).
+    if clip_sample:
+        pred_original_sample = pred_original_sample.clamp(-1.0, 1.0)
+
+    # 5. σ_t (eq. 16): η = 1 gives DDPM's posterior std, η = 0 a deterministic step.
+    beta_prod_t_prev = 1 - alpha_prod_t_prev
+    variance = (beta_prod_t_prev / beta_prod_t) * (1 - alpha_prod_t / alpha_prod_t_prev)
+    std_dev_t = eta * variance ** (0.5)
+
+    # 6. "direction pointing to x_t": the noise budget left after σ_t's fresh noise.
+    pred_sample_direction = (1 - alpha_prod_t_prev - std_dev_t**2) ** (0.5) * pred_epsilon
+
+    # 7. x̂_0 re-noised to level ᾱ_prev.
+    prev_sample = alpha_prod_t_prev ** (0.5) * pred_original_sample + pred_sample_direction
+
+    # 8. fresh noise whenever η > 0, even at the last step (σ = 0 there, but the draw still happens
+    #    and advances the generator). Same draw as diffusers' randn_tensor: on the generator's
+    #    device (CPU here), in the output's shape and dtype.
+    if eta > 0:
+        variance_noise = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+        prev_sample = prev_sample + std_dev_t * variance_noise.to(model_output.device)
+    return prev_sample
+    # END SOLUTION
+
+
+def ddpm_step(
+    model_output: torch.Tensor,
+    timestep: int,
+    sample: torch.Tensor,
+    alphas_cumprod: torch.Tensor,
+    prev_timestep: int,
+    generator: torch.Generator | None = None,
+    prediction_type: str = "epsilon",
+    clip_sample: bool = True,
+) -> torch.Tensor:
+    """One DDPM ancestral update: a draw from q(x_{prev_t} | x_t, x̂_0) (Ho et al. 2020, eq. 6-7).
+
+    ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0;  α_t = ᾱ_t/ᾱ_prev;  β_t = 1 − α_t
+    μ = √ᾱ_prev·β_t/(1 − ᾱ_t)·x̂_0 + √α_t·(1 − ᾱ_prev)/(1 − ᾱ_t)·x_t
+    x_prev = μ + σ_t·z,  σ_t² = (1 − ᾱ_prev)/(1 − ᾱ_t)·β_t  ("fixed_small"), no z at t = 0
+
+    Graded against: DDPMScheduler.step(...).prev_sample (variance_type="fixed_small") at every
+    timestep of set_timesteps(n); prev_timestep is the next entry of the schedule (−1 after the last).
+    Args:
+        model_output:    (B, C, H, W) the network's prediction at `timestep`, float32 or float16
+        timestep:        t, an entry of the schedule (int)
+        sample:          (B, C, H, W) x_t, same dtype as model_output
+        alphas_cumprod:  (T,) float32, the training table ᾱ
+        prev_timestep:   the timestep this step lands on; −1 after the last step (int)
+        generator:       the torch.Generator to draw z from
+        prediction_type: "epsilon", "v_prediction" or "sample"
+        clip_sample:     clamp x̂_0 to [−1, 1] (the scheduler default)
+    Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
+    """
+    # BEGIN SOLUTION: ᾱ at both ends; α_t = ᾱ_t/ᾱ_prev; x̂0 (clipped); posterior mean; + std·z if t > 0
+    # Notation: alpha_prod_t -> ᾱ_t, alpha_prod_t_prev -> ᾱ_prev, current_alpha_t -> α_t,
+    #           current_beta_t -> β_t (of this stride), pred_original_sample -> x̂_0.
+    # 1. ᾱ at both ends (1 past the start of the table), and the stride's own α_t and β_t: with
+    #    n < T steps one step spans many training steps, so α_t is not 1 − betas[t].
+    alpha_prod_t = alphas_cumprod[timestep]
+    alpha_prod_t_prev = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)
+    beta_prod_t = 1 - alpha_prod_t
+    beta_prod_t_prev = 1 - alpha_prod_t_prev
+    current_alpha_t = alpha_prod_t / alpha_prod_t_prev
+    current_beta_t = 1 - current_alpha_t
+
+    # 2. x̂_0 from the prediction, then clipped.
+    pred_original_sample = predict_x0(model_output, sample, alpha_prod_t, prediction_type)
+    if clip_sample:
+        pred_original_sample = pred_original_sample.clamp(-1.0, 1.0)
+
+    # 3. the posterior mean (eq. 7): a blend of x̂_0 and x_t.
+    pred_original_sample_coeff = (alpha_prod_t_prev ** (0.5) * current_beta_t) / beta_prod_t
+    current_sample_coeff = current_alpha_t ** (0.5) * beta_prod_t_prev / beta_prod_t
+    pred_prev_sample = pred_original_sample_coeff * pred_original_sample + current_sample_coeff * sample
+
+    # 4. the posterior noise, as a std (√ of the variance); none at t = 0, where the mean is x̂_0.
+    #    The variance is clamped at 1e-20 as diffusers does (it is 0 at a step onto prev_t < 0).
+    if timestep > 0:
+        variance_noise = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+        variance = torch.clamp(beta_prod_t_prev / beta_prod_t * current_beta_t, min=1e-20)
+        pred_prev_sample = pred_prev_sample + variance ** (0.5) * variance_noise.to(model_output.device)
+    return pred_prev_sample
+    # END SOLUTION

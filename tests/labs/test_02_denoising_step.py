@@ -1,0 +1,200 @@
+"""Lab 02: wrong-but-plausible denoising steps fail, and the commonest ones are named."""
+import pytest
+
+LAB = "02_denoising_step"
+
+# Shared lines for the step mutants (each body replaces one solution block; the other functions of
+# the solution, predict_x0 and predict_epsilon included, stay solved).
+DDIM_HEAD = """
+T = alphas_cumprod.shape[0]
+prev_t = timestep - T // num_inference_steps
+a = alphas_cumprod[timestep]
+ap = alphas_cumprod[prev_t] if prev_t >= 0 else torch.tensor(1.0)
+x0 = predict_x0(model_output, sample, a, prediction_type)
+eps = predict_epsilon(model_output, sample, a, prediction_type)
+if clip_sample:
+    x0 = x0.clamp(-1, 1)
+std = eta * ((1 - ap) / (1 - a) * (1 - a / ap)) ** 0.5
+"""
+DDIM_TAIL = """
+out = ap ** 0.5 * x0 + (1 - ap - std ** 2) ** 0.5 * eps
+if eta > 0:
+    out = out + std * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+return out
+"""
+DDPM_HEAD = """
+a = alphas_cumprod[timestep]
+ap = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)
+at = a / ap
+bt = 1 - at
+x0 = predict_x0(model_output, sample, a, prediction_type)
+if clip_sample:
+    x0 = x0.clamp(-1, 1)
+"""
+DDPM_MEAN = "out = ap ** 0.5 * bt / (1 - a) * x0 + at ** 0.5 * (1 - ap) / (1 - a) * sample\n"
+DDPM_NOISE = """
+if timestep > 0:
+    var = ((1 - ap) / (1 - a) * bt).clamp(min=1e-20)
+    out = out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+return out
+"""
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("predict_x0", "return model_output", "the model output taken as x̂0"),
+    ("predict_x0",
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) * model_output) / a
+     if prediction_type == "v_prediction":
+         return a * sample - (1 - a) * model_output
+     return model_output
+     """,
+     "ᾱ_t used where √ᾱ_t belongs"),
+    ("predict_x0",
+     """
+     if prediction_type == "sample":
+         return model_output
+     return (sample - (1 - alpha_prod_t) ** 0.5 * model_output) / alpha_prod_t ** 0.5
+     """,
+     "v treated as ε"),
+    ("predict_x0",
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * model_output + (1 - a) ** 0.5 * sample
+     return model_output
+     """,
+     "v_prediction: √ᾱ·v + √(1−ᾱ)·x_t"),
+    ("predict_x0",
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return sample - (1 - a) ** 0.5 * model_output
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * sample - (1 - a) ** 0.5 * model_output
+     return model_output
+     """,
+     "epsilon: x_t − √(1−ᾱ)·ε̂ without dividing"),
+    ("predict_x0",  # v with the roles of x_t and v swapped: no trap, a plain mismatch
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * model_output - (1 - a) ** 0.5 * sample
+     return model_output
+     """,
+     None),
+    ("predict_x0", "return sample", None),
+    # ---- ddim_step
+    ("ddim_step", DDIM_HEAD.replace("timestep - T // num_inference_steps", "timestep - 1") + DDIM_TAIL,
+     "prev_t = t − 1"),
+    ("ddim_step", DDIM_HEAD.replace("if prev_t >= 0 else torch.tensor(1.0)", "") + DDIM_TAIL,
+     "ᾱ_prev read at a negative index"),
+    ("ddim_step", DDIM_HEAD.replace("torch.tensor(1.0)", "alphas_cumprod[0]") + DDIM_TAIL,
+     "ᾱ_prev = alphas_cumprod[0] at the last step"),
+    ("ddim_step", DDIM_HEAD.replace("x0 = x0.clamp(-1, 1)", "pass") + DDIM_TAIL,
+     "x̂0 not clipped"),
+    ("ddim_step",
+     DDIM_HEAD.replace("x0 = x0.clamp(-1, 1)",
+                       "x0 = x0.clamp(-1, 1)\n    eps = (sample - a ** 0.5 * x0) / (1 - a) ** 0.5") + DDIM_TAIL,
+     "ε̂ recomputed from the clipped x̂0"),
+    ("ddim_step",
+     DDIM_HEAD.replace("x0 = predict_x0(model_output, sample, a, prediction_type)",
+                       "x0 = (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5"
+                       " if prediction_type != 'sample' else model_output")
+     .replace("eps = predict_epsilon(model_output, sample, a, prediction_type)",
+              "eps = predict_epsilon(model_output, sample, a, "
+              "'epsilon' if prediction_type == 'v_prediction' else prediction_type)") + DDIM_TAIL,
+     "v treated as ε"),
+    ("ddim_step", DDIM_HEAD.replace("(1 - a / ap)) ** 0.5", "(1 - a / ap))") + DDIM_TAIL,
+     "σ² used where σ belongs"),
+    ("ddim_step", DDIM_HEAD + DDIM_TAIL.replace("(1 - ap - std ** 2)", "(1 - ap)"),
+     "the direction term ignores σ²"),
+    ("ddim_step", DDIM_HEAD + "return ap ** 0.5 * x0 + (1 - ap - std ** 2) ** 0.5 * eps\n",
+     "no noise added"),
+    ("ddim_step",  # the stride rounded instead of floored: 1000/7 → 143, not 142
+     DDIM_HEAD.replace("T // num_inference_steps", "round(T / num_inference_steps)") + DDIM_TAIL, None),
+    ("ddim_step",  # σ without η: the direction term shrinks even at η = 0
+     DDIM_HEAD.replace("std = eta *", "std =") + DDIM_TAIL.replace("std * torch", "eta * std * torch"), None),
+    # ---- ddpm_step
+    ("ddpm_step",
+     DDPM_HEAD.replace("at = a / ap",
+                       "at = a / (alphas_cumprod[timestep - 1] if timestep > 0 else torch.tensor(1.0))")
+     + DDPM_MEAN + DDPM_NOISE,
+     "α_t = 1 − β_t of the training schedule"),
+    ("ddpm_step",
+     DDPM_HEAD.replace("alphas_cumprod[prev_timestep] if prev_timestep >= 0",
+                       "alphas_cumprod[timestep - 1] if timestep >= 1") + DDPM_MEAN + DDPM_NOISE,
+     "prev_timestep ignored"),
+    ("ddpm_step",
+     DDPM_HEAD.replace(" if prev_timestep >= 0 else torch.tensor(1.0)", "") + DDPM_MEAN + DDPM_NOISE,
+     "ᾱ_prev read at a negative index"),
+    ("ddpm_step", DDPM_HEAD.replace("x0 = x0.clamp(-1, 1)", "pass") + DDPM_MEAN + DDPM_NOISE,
+     "x̂0 not clipped"),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var ** 0.5 *", "var *"),
+     "variance used where the std belongs"),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("((1 - ap) / (1 - a) * bt).clamp(min=1e-20)", "bt"),
+     "σ² = β_t ('fixed_large')"),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + "return out\n", "no noise added"),
+    ("ddpm_step",  # the two mean coefficients swapped between x̂0 and x_t
+     DDPM_HEAD + "out = at ** 0.5 * (1 - ap) / (1 - a) * x0 + ap ** 0.5 * bt / (1 - a) * sample\n" + DDPM_NOISE,
+     None),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+@pytest.mark.parametrize("function, body", [
+    ("ddim_step", DDIM_HEAD + DDIM_TAIL.replace("generator=generator, ", "")),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("generator=generator, ", "")),
+    ("ddim_step", DDIM_HEAD + DDIM_TAIL.replace(
+        "torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)",
+        "torch.randn(model_output.shape[1:], generator=generator, dtype=model_output.dtype)")),
+], ids=["ddim-global-rng", "ddpm-global-rng", "ddim-one-draw-for-the-batch"])
+def test_noise_not_drawn_from_the_given_generator_is_named(grade_mutant, function, body):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    assert "trap: noise not drawn from `generator`" in graded.text, graded.text
+
+
+@pytest.mark.parametrize("function, body", [
+    ("ddim_step", DDIM_HEAD.replace("a = alphas_cumprod[timestep]", "a = alphas_cumprod[timestep].item()")
+     .replace("torch.tensor(1.0)", "1.0").replace("ap = alphas_cumprod[prev_t]", "ap = alphas_cumprod[prev_t].item()")
+ + DDIM_TAIL),
+    ("ddpm_step", DDPM_HEAD.replace("x0 = predict_x0(model_output, sample, a, prediction_type)",
+                                    "x0 = predict_x0(model_output.float(), sample.float(), a, prediction_type)")
+     + DDPM_MEAN.replace("* sample", "* sample.float()")
+     + DDPM_NOISE.replace("return out", "return out.to(model_output.dtype)")),
+], ids=["ddim-python-float-coefficients", "ddpm-float32-then-cast"])
+def test_a_right_step_written_another_way_passes_in_float16_too(grade_mutant, function, body):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "passed", graded
+
+
+def test_changing_the_sample_in_place_fails_even_with_the_right_values(grade_mutant):
+    graded = grade_mutant(LAB, "ddim_step", DDIM_HEAD + DDIM_TAIL.replace("return out", "return sample.copy_(out)"))
+    assert graded.status == "failed"
+    assert "changed its input(s) sample in place" in graded.text
+
+
+def test_calling_the_diffusers_answer_key_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "ddim_step", """
+        from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+        s = DDIMScheduler(prediction_type=prediction_type, clip_sample=clip_sample)
+        s.alphas_cumprod = alphas_cumprod
+        s.set_timesteps(num_inference_steps)
+        return s.step(model_output, timestep, sample, eta=eta, generator=generator).prev_sample
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text
