@@ -421,3 +421,24 @@ def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_s
                    hint="With guidance_scale > 1 combine both halves: ε_u + s·(ε_c − ε_u).")
 def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
     return _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)[1]
+
+
+# ---- budget --------------------------------------------------------------------------------------------
+@guided_noise.budget("one batched denoiser call per step")
+def _(learner, g):
+    from plugin.spec import Measurement
+
+    B, steps = 2, 4
+    counter = CountingUNet(tiny.unet_cond().requires_grad_(False))
+    prompt, negative = tiny.text_embeddings(B, g), tiny.text_embeddings(B, g)
+    for t in torch.linspace(999, 1, steps).long():
+        latents = torch.randn((B, tiny.LATENT_CHANNELS, 8, 8), generator=g)
+        learner(unet=counter, latents=latents, timestep=t, prompt_embeds=prompt,
+                negative_prompt_embeds=negative, guidance_scale=7.5, guidance_rescale=0.0)
+    return [
+        Measurement(f"denoiser calls over {steps} guided steps", len(counter.batch_sizes), steps, "calls",
+                    "one call per step: both branches ride in one batch of 2B (the UNet's cost per step "
+                    "is set by its calls; two calls of B pay the launch and weight traffic twice)"),
+        Measurement("smallest batch the denoiser saw", -min(counter.batch_sizes, default=0), -2 * B, "",
+                    f"every call carries the doubled batch of 2B = {2 * B} (shown negated: at least {2 * B})"),
+    ]

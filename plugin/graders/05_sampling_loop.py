@@ -3,8 +3,10 @@
 Every reference is a live run of DDPMPipeline or DDIMPipeline on a tiny random UNet2DModel
 (plugin.tiny.unet2d), at the learner's batch size (the UNet's output moves by ~1e-6 with the batch
 size, so bitwise checks need equal batches). The run records three things: the first sample the
-pipeline feeds its UNet (x_T), the last scheduler.step output (x_0 before the clamp; about a quarter of
-DDPM's pixels end up clamped, so the images alone would hide errors there) and the images.
+pipeline feeds its UNet (x_T), the last scheduler.step output (x_0 before the final clamp) and the
+images. With the default clip_sample=True the last step of a schedule ending at t=0 returns the clipped
+x̂_0, so x_0 stays in [-1, 1] (about a quarter of it exactly ±1) and the final clamp changes nothing;
+the to_image check therefore runs with clip_sample=False, where x_0 does leave [-1, 1].
 
 The learner's UNet is a `CountedUNet`: calls pass through to the same model, and each call is checked
 against the pipeline's (one call per timestep, in the order of scheduler.timesteps, the whole batch,
@@ -88,9 +90,9 @@ def run_pipeline(kind: str, unet, batch_size: int, steps: int, seed: int, eta=No
         hook.remove()
         del pipe.scheduler.step
     args = f"batch_size={batch_size}, num_inference_steps={steps}" + ("" if eta is None else f", eta={eta}")
-    spacing = pipe.scheduler.config.timestep_spacing
+    config = ", ".join(f"{k}={v!r}" for k, v in scheduler_config.items())
     return Run(out.images, seen["sample"], seen["first"], pipe.scheduler,
-               f"{pipe_cls.__name__}({args}), {spacing} spacing, {unet.dtype}")
+               f"{pipe_cls.__name__}({args}) · {scheduler_cls.__name__}({config}) · {unet.dtype}")
 
 
 @functools.cache
@@ -368,10 +370,11 @@ sampling_loop = Kata(
 DDPM_CASES = [
     dict(batch=2, steps=10),  # the default leading spacing: 900 … 0
     dict(batch=2, steps=6, dtype="float16", scheduler=dict(timestep_spacing="linspace")),  # 999 … 0
-    dict(batch=1, steps=5, scheduler=dict(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2")),
+    dict(batch=1, steps=5, scheduler=dict(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2",
+                                          clip_sample=False)),
 ]
 DDIM_CASES = [
-    dict(batch=3, steps=10, eta=0.0),
+    dict(batch=3, steps=8, eta=0.0),  # leading: 875 … 0
     dict(batch=2, steps=8, eta=1.0, scheduler=dict(timestep_spacing="trailing")),  # 999 … 124
     dict(batch=2, steps=5, eta=0.5, dtype="float16", scheduler=dict(timestep_spacing="linspace")),
 ]
@@ -426,10 +429,12 @@ to_image = Kata(
                        dict(pipeline="ddim", batch=2, steps=4, eta=1.0, dtype="float16")],
                 tol=EXACT)
 def _(case, g):
-    run = run_pipeline(case["pipeline"], _unet(case), case["batch"], case["steps"], _seed(g), case.get("eta"))
-    clamped = int(((run.images == 0) | (run.images == 1)).sum())
+    # clip_sample=False: otherwise x_0 is the clipped x̂_0, already inside [-1, 1], and the clamp is idle.
+    run = run_pipeline(case["pipeline"], _unet(case), case["batch"], case["steps"], _seed(g), case.get("eta"),
+                       clip_sample=False)
+    outside = int((run.sample.abs() > 1).sum())
     return Scenario(inputs=dict(sample=run.sample), expected=run.images,
-                    label=f"the last sample of {run.name} ({clamped} of {run.images.numel()} values clamp)")
+                    label=f"the last sample of {run.name} ({outside} of {run.sample.numel()} values outside [-1, 1])")
 
 
 @to_image.check("vs VaeImageProcessor.postprocess",

@@ -589,3 +589,37 @@ def _(x, weight, bias, lora_A, lora_B, scaling):
                    hint="LoRA adds to the frozen layer's output: start from x Wᵀ + b, then add the update.")
 def _(x, weight, bias, lora_A, lora_B, scaling):
     return F.linear(F.linear(x, lora_A), lora_B) * scaling
+
+
+# ---- budgets ------------------------------------------------------------------------------------------
+@lora_forward.budget("FLOPs: the rank-r path, never ΔW")
+def _(learner, g):
+    from plugin.budgets import flops
+    from plugin.spec import Measurement
+
+    n, d_in, d_out, r = 64, 96, 80, 4
+    x = torch.randn((2, n, d_in), generator=g)
+    weight, bias = torch.randn((d_out, d_in), generator=g), torch.randn(d_out, generator=g)
+    lora_A, lora_B = torch.randn((r, d_in), generator=g), torch.randn((d_out, r), generator=g)
+    mine, _ = learner.measure(flops, x=x, weight=weight, bias=bias, lora_A=lora_A, lora_B=lora_B, scaling=0.5)
+    base, _ = flops(lambda: torch.nn.functional.linear(x, weight, bias))
+    low_rank = 2 * x.shape[0] * n * r * (d_in + d_out)
+    return [Measurement("FLOPs of one unmerged forward, 2×64 tokens, 96→80, r=4", mine, base + low_rank, "FLOPs",
+                        f"the base layer ({base:,}) plus x·Aᵀ then ·Bᵀ through the rank-4 bottleneck "
+                        f"({low_rank:,}); forming ΔW = B·A first costs 2·out·in·r more and defeats the "
+                        "point of an unmerged adapter")]
+
+
+@merge_lora.budget("FLOPs: one low-rank product")
+def _(learner, g):
+    from plugin.budgets import flops
+    from plugin.spec import Measurement
+
+    d_in, d_out, r = 96, 80, 4
+    weight = torch.randn((d_out, d_in), generator=g)
+    lora_A, lora_B = torch.randn((r, d_in), generator=g), torch.randn((d_out, r), generator=g)
+    mine, _ = learner.measure(flops, weight=weight, lora_A=lora_A, lora_B=lora_B, scaling=0.5)
+    allowed = 2 * d_out * r * d_in
+    return [Measurement("FLOPs of merging one 96→80 layer, r=4", mine, allowed, "FLOPs",
+                        "B·A once (2·out·r·in); after the merge the layer costs exactly the base layer's "
+                        "FLOPs at every forward, which is why serving merges")]
