@@ -23,7 +23,14 @@ from plugin.spec import Budget, Check, Kata, KataFailure, OverBudget, Scenario
 
 
 class KataTodo(Exception):
-    """The learner's function still raises NotImplementedError: not attempted yet."""
+    """The learner's function still raises NotImplementedError: not attempted yet.
+
+    `waits_on` names the earlier kata function it builds on that is still TODO, if that is where the
+    NotImplementedError came from (lab 12 is built from the learner's own labs 04, 06 and 07)."""
+
+    def __init__(self, name: str, waits_on: str = ""):
+        super().__init__(name)
+        self.waits_on = waits_on
 
 
 class LearnerCrash(Exception):
@@ -190,8 +197,9 @@ class KataItem(pytest.Item):
         except KataFailure as exc:
             raise KataFailure(f"{self.last_context}\n{exc}") from None
         except NotImplementedError as exc:
-            if _raised_in(exc, self.parent.source):
-                raise KataTodo(self.kata.name) from None
+            where = _todo_origin(exc, self.parent.source)
+            if where is not None:
+                raise KataTodo(self.kata.name, where) from None
             raise LearnerCrash(self.last_context, exc) from exc
         except AnswerKeyError as exc:
             raise KataFailure(f"{self.last_context}\n{exc}") from None
@@ -315,7 +323,15 @@ class Learner:
         return self._item.call_learner(self._fn, inputs, meter)
 
 
-def _raised_in(exc: BaseException, source: Path) -> bool:
-    """Whether the exception's innermost frame is in the learner's file (the TODO stub)."""
+def _todo_origin(exc: BaseException, source: Path) -> str | None:
+    """Where a NotImplementedError comes from: "" for the learner's own file (its TODO stub),
+    "lab.py::function" for another kata file beside it, None for anywhere else (a real crash)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and frames[-1].filename == str(source)
+    if not frames:
+        return None
+    last = Path(frames[-1].filename)
+    if last == source:
+        return ""
+    if last.parent == source.parent and last.name[:2].isdigit():
+        return f"{last.name}::{frames[-1].name}"
+    return None

@@ -33,7 +33,28 @@ def fresh(value: Any) -> Any:
         return [fresh(v) for v in value]
     if isinstance(value, tuple):
         return tuple(fresh(v) for v in value)
-    return value  # numbers, strings, modules and scheduler objects are shared as they are
+    if _is_scheduler(value):
+        # Schedulers are stateful (timesteps, step index, init_noise_sigma): a callee that calls
+        # set_timesteps must not change what the next callee (a trap, say) starts from.
+        import copy
+
+        import torch
+
+        # ...but only its state (tensors, arrays, numbers, containers) is copied: objects a grader
+        # attached to it (a counted denoiser, say) stay shared, as modules passed directly are.
+        import numpy
+
+        state = (torch.Tensor, numpy.ndarray, numpy.generic, int, float, str, bool, type(None), list, tuple, dict)
+        shared = {id(v): v for v in vars(value).values() if not isinstance(v, state)}
+        return copy.deepcopy(value, shared)
+    return value  # numbers, strings and modules are shared as they are (a module may count its calls)
+
+
+def _is_scheduler(value: Any) -> bool:
+    import torch
+
+    return (not isinstance(value, torch.nn.Module) and hasattr(value, "set_timesteps")
+            and hasattr(value, "step") and hasattr(value, "config"))
 
 
 def versions(value: Any) -> list[int]:

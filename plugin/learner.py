@@ -170,13 +170,19 @@ def load_report(repo: Repo) -> dict | None:
 
 
 def save_report(repo: Repo, report: dict, only_labs: set[str] | None = None) -> dict:
-    """Store `report` as .kata/last-report.json; with `only_labs`, replace just those labs in it."""
+    """Store `report` as .kata/last-report.json; with `only_labs`, replace just those labs in it.
+
+    "attempted" lists the labs a run tried to grade: one of them missing from "labs" could not be
+    collected, while a lab never attempted is simply not graded yet.
+    """
     stamp = now()
     data = dict(report)
     data["saved_at"] = stamp
     data["labs"] = [dict(entry, graded_at=stamp) for entry in report.get("labs", [])]
+    data["attempted"] = sorted(only_labs) if only_labs is not None else [p.stem for p in explain.lab_files(repo.katas)]
     old = load_report(repo) if only_labs is not None else None
     if old:
+        data["attempted"] = sorted(set(old.get("attempted", [])) | only_labs)
         kept = [e for e in old.get("labs", []) if e.get("lab") not in only_labs]
         data["labs"] = sorted(kept + data["labs"], key=lambda e: e.get("lab", ""))
         results = [r for r in old.get("results", []) if r.get("lab") not in only_labs]
@@ -278,8 +284,19 @@ def _static_hints(path: Path) -> dict[str, tuple[str, ...]] | None:
             (isinstance(node, ast.Attribute) and node.attr == "Kata")
 
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and is_kata(n.func)]
-    uses = [n for n in ast.walk(tree) if is_kata(n)]
-    if not calls or len(uses) != len(calls):  # `K = Kata` or the like: load the module instead
+    annotations = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            notes = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+                     if x is not None and x.annotation is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            notes = [node.annotation]
+        else:
+            continue
+        annotations |= {id(n) for note in notes if note is not None for n in ast.walk(note)}
+    other_uses = [n for n in ast.walk(tree) if is_kata(n) and id(n) not in annotations]
+    if not calls or len(other_uses) != len(calls):  # `K = Kata`, map(Kata, ...): load the module instead
         return None
     found: dict[str, tuple[str, ...]] = {}
     for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
@@ -388,6 +405,9 @@ def verdict_lines(repo: Repo, lab: str, grading: Grading) -> list[str]:
     seed = (report or {}).get("seed")
     lines = [f"graded at {stamp} in {grading.seconds:.1f} s" + (f" (seed {seed})" if seed is not None else "")]
     if entry is None:
+        if not repo.kata(lab).is_file():
+            return lines + ["", f"{kata} is gone: `kata reset {lab[:2]}` restores it (or undo the delete in your "
+                                "editor); grading starts again when it is back."]
         tail = "\n".join(grading.output.rstrip().splitlines()[-40:])
         lines += ["", f"{kata} could not be graded; pytest said:", textwrap.indent(tail, "  ")]
         return lines
@@ -437,7 +457,8 @@ def cmd_watch(args) -> int:
             lab = resolve_lab(repo, args.lab)
         else:
             labs = explain.lab_files(repo.katas)
-            print(f"grading the {len(labs)} lab(s) in {repo.rel(repo.katas)}/ to find where you are...", flush=True)
+            print(f"grading the {len(labs)} lab(s) in {repo.rel(repo.katas)}/ to find where you are...",
+                  flush=True)
             before = {p.stem: signature(p) for p in labs}
             grading = grade(repo, repo.rel(repo.katas), "--continue-on-collection-errors")
             if grading.report is None:
@@ -450,7 +471,8 @@ def cmd_watch(args) -> int:
             lab = found[0]
         kata = repo.kata(lab)
         if not (repo.graders / f"{lab}.py").is_file():
-            raise LearnerError(f"lab {lab} has no grader ({repo.rel(repo.graders / (lab + '.py'))}): nothing to watch")
+            raise LearnerError(f"lab {lab} has no grader ({repo.rel(repo.graders / (lab + '.py'))}): "
+                               "nothing to watch")
         events = file_events()
         how = (f"file events via watchfiles, and a check every {seconds_text(args.interval)} s" if events
                else f"polling every {seconds_text(args.interval)} s")
@@ -458,14 +480,12 @@ def cmd_watch(args) -> int:
         since = before[lab] if grading is not None and lab in before else signature(kata)
         while True:
             if grading is None:
-                if not tty:
-                    print(f"grading {repo.rel(kata)}...", flush=True)
+                print(f"grading {repo.rel(kata)}...", flush=True)
                 since = signature(kata)
                 grading = grade(repo, repo.rel(kata))
                 if grading.report is not None:
                     save_report(repo, grading.report, only_labs={lab})
-            out = [CLEAR] if tty else []
-            out += [header, *verdict_lines(repo, lab, grading)]
+            out = [(CLEAR if tty else "") + header, *verdict_lines(repo, lab, grading)]
             if not args.once:
                 out += ["", f"waiting for a change of {repo.rel(kata)}... (Ctrl-C to stop)"]
             print("\n".join(out), flush=True)
@@ -493,6 +513,8 @@ def progress_lines(repo: Repo, report: dict, cached: bool) -> list[str]:
         if entry is None:
             if not (repo.graders / f"{lab}.py").is_file():
                 why = f"not graded: it has no grader ({repo.rel(repo.graders / (lab + '.py'))})"
+            elif lab not in report.get("attempted", [lab]):
+                why = "not graded yet (`kata progress` grades every lab)"
             else:
                 why = f"not graded: pytest could not collect it (`python -m pytest {repo.rel(kata)}` shows why)"
             lines.append(f"  {lab:<{width}}    ?   {why}")
@@ -621,7 +643,8 @@ def cmd_hint(args) -> int:
     if tier < len(hints):
         lines.append(f"(run `kata hint` again for hint {tier + 1} of {len(hints)})")
     else:
-        lines.append(f"(that is every hint for `{function}`; the traps are in `kata explain {lab[:2]} --section traps`)")
+        lines.append(f"(that is every hint for `{function}`; "
+                     f"the traps are in `kata explain {lab[:2]} --section traps`)")
     print("\n".join(lines))
     return 0
 
@@ -726,6 +749,12 @@ def _runner(fn):
         except KeyboardInterrupt:
             print("\ninterrupted.", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # `kata progress | head`: the reader left; say nothing more
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            return 0
 
     return run
 

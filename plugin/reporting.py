@@ -89,6 +89,11 @@ def failure_text(item, excinfo) -> str:
         return (f"hidden check failed: {item.kata.name} · {item.check.name} "
                 "(its inputs and message are withheld; the visible checks teach the same thing)")
     if excinfo.errisinstance(KataTodo):
+        waits_on = excinfo.value.waits_on
+        if waits_on:
+            lab, function = waits_on.split("::")
+            return (f"TODO: `{item.kata.name}` in {rel} builds on your `{function}` in "
+                    f"{session.rel(item.parent.source.parent / lab)}, which is not written yet: do that one first")
         return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
     if excinfo.errisinstance(OverBudget):
         return "\n".join([budget_text(item), reproduce_line(item)])

@@ -104,6 +104,20 @@ SCALING = Tol(
 )
 
 
+VAE_FORWARD = Tol(
+    5e-5, 5e-5,
+    "measured (float32, both tiny VAEs, 12 seeds): encoding or decoding sample by sample instead of as "
+    "one batch moves the output by ≤6.4e-6, multiplying by 1/s instead of dividing by s by ≤3.5e-6; "
+    "a wrong or missing scaling factor, or the mode instead of a sample, is off by ≥1e-1",
+)
+VAE_HALF = Tol(
+    2e-2, 2e-2,
+    "measured (float16, both tiny VAEs, 20 seeds): decoding sample by sample vs as one batch differs by "
+    "≤1.1e-2 (float16 convolutions round differently per batch size); a wrong scaling factor, even "
+    "0.18215 for 0.13025, is off by ≥0.23",
+)
+
+
 def output_dtype(expected):
     """The dtype of an expected output: its own, or its first tensor's (tuples, lists, dicts)."""
     if hasattr(expected, "dtype"):

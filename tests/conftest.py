@@ -21,6 +21,8 @@ budgets.peak_bytes(lambda: torch.ones(1) + 1)
 budgets.flops(lambda: torch.ones(1, 1) @ torch.ones(1, 1))
 
 REPO = Path(__file__).resolve().parent.parent
+# Labs whose kata file loads the learner's own earlier kata files (they sit beside it).
+BUILDS_ON = {"12_end_to_end": ("04_classifier_free_guidance", "06_vae_latents", "07_pipeline_components")}
 
 
 @pytest.fixture(scope="session")
@@ -73,12 +75,15 @@ def kata_ini(pytester: pytest.Pytester) -> None:
 def grade_mutant(graders_loaded, pytester: pytest.Pytester):
     """grade_mutant(lab, function, body, *args) -> Graded, for a wrong body of one kata function."""
 
-    def grade(lab: str, function: str, body: str, *args: str) -> Graded:
+    def grade(lab: str, function: str, body: str, *args: str, todo_siblings: tuple = ()) -> Graded:
         source = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
         kata_ini(pytester)
         katas = pytester.path / "katas"
         katas.mkdir(exist_ok=True)
         (katas / f"{lab}.py").write_text(replace_solution_block(source, function, body), encoding="utf-8")
+        for sibling in BUILDS_ON.get(lab, ()):  # solved, unless the test wants it still TODO
+            origin = REPO / ("katas" if sibling in todo_siblings else "solutions") / f"{sibling}.py"
+            (katas / f"{sibling}.py").write_text(origin.read_text(encoding="utf-8"), encoding="utf-8")
         recorder = pytester.inline_run("-p", "plugin.plugin", f"katas/{lab}.py", "--kata-seed", "7",
                                        "--kata-function", function, "-p", "no:cacheprovider", *args)
         reports = [r for r in recorder.getreports("pytest_runtest_logreport")

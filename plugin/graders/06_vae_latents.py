@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
-from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img import retrieve_latents
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_inpaint import (
     StableDiffusionInpaintPipeline,
@@ -28,20 +27,7 @@ from plugin import tiny
 from plugin.comparison import describe, mismatch
 from plugin.isolation import fresh
 from plugin.spec import Kata, KataFailure, Scenario
-from plugin.tolerances import EXACT, STEP_MATH, Tol
-
-VAE_FORWARD = Tol(
-    5e-5, 5e-5,
-    "measured (float32, both tiny VAEs, 12 seeds): encoding or decoding sample by sample instead of as "
-    "one batch moves the output by ≤6.4e-6, multiplying by 1/s instead of dividing by s by ≤3.5e-6; "
-    "a wrong or missing scaling factor, or the mode instead of a sample, is off by ≥1e-1",
-)
-VAE_HALF = Tol(
-    2e-2, 2e-2,
-    "measured (float16, both tiny VAEs, 20 seeds): decoding sample by sample vs as one batch differs by "
-    "≤1.1e-2 (float16 convolutions round differently per batch size); a wrong scaling factor, even "
-    "0.18215 for 0.13025, is off by ≥0.23",
-)
+from plugin.tolerances import EXACT, STEP_MATH, VAE_FORWARD, VAE_HALF, Tol
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 SD15, SDXL = 0.18215, 0.13025  # the scaling factors of Stable Diffusion 1.x's VAE and SDXL's VAE

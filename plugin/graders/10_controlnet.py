@@ -446,6 +446,7 @@ controlnet_cfg_step = Kata(
     answer_key=(f"{PIPELINE}.__call__",),
 )
 
+
 class Shown:
     """A model or scheduler handed to the learner as it is (calls and attributes go straight through),
     shown in failure messages by a one-line description instead of its many-line repr."""
@@ -457,7 +458,14 @@ class Shown:
         return self._obj(*args, **kwargs)
 
     def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_obj", "_description"):
+            raise AttributeError(name)
         return getattr(self._obj, name)
+
+    def __deepcopy__(self, memo):  # the plugin gives each callee its own copy of a scheduler
+        import copy
+
+        return Shown(copy.deepcopy(self._obj, memo), self._description)
 
     def __repr__(self) -> str:
         return self._description

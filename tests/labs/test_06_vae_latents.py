@@ -1,0 +1,149 @@
+"""Lab 06: wrong-but-plausible implementations fail, and the commonest ones are named."""
+import pytest
+
+LAB = "06_vae_latents"
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("vae_scale_factor", "return 2 ** len(block_out_channels)", "one halving per block"),
+    ("vae_scale_factor", "return 8", "a hard-coded 8"),
+    ("vae_scale_factor", "return len(block_out_channels) * 2", None),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     return posterior.sample(generator) if sample_posterior else posterior.mode()
+     """,
+     "the scaling factor forgotten"),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     z = posterior.sample(generator) if sample_posterior else posterior.mode()
+     return z / vae.config.scaling_factor
+     """,
+     "divided by the scaling factor"),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     z = posterior.sample(generator) if sample_posterior else posterior.mode()
+     return z * 0.18215
+     """,
+     "a hard-coded 0.18215"),
+    ("encode_latents", "return vae.encode(images).latent_dist.mode() * vae.config.scaling_factor",
+     "the mode taken when a sample was asked for"),
+    ("encode_latents", "return vae.encode(images).latent_dist.sample(generator) * vae.config.scaling_factor",
+     "a sample drawn when the mode was asked for"),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     z = posterior.sample() if sample_posterior else posterior.mode()
+     return z * vae.config.scaling_factor
+     """,
+     "sampled without the generator"),
+    ("encode_latents",  # ε added without σ
+     """
+     posterior = vae.encode(images).latent_dist
+     if not sample_posterior:
+         return posterior.mode() * vae.config.scaling_factor
+     eps = torch.randn(posterior.mean.shape, generator=generator, dtype=posterior.mean.dtype)
+     return (posterior.mean + eps) * vae.config.scaling_factor
+     """,
+     None),
+    ("decode_latents", "return vae.decode(latents * vae.config.scaling_factor).sample",
+     "multiplied by the scaling factor"),
+    ("decode_latents", "return vae.decode(latents).sample", "the scaling factor not undone"),
+    ("decode_latents", "return vae.decode(latents / 0.18215).sample", "a hard-coded 0.18215"),
+    ("decode_latents", "return (vae.decode(latents / vae.config.scaling_factor).sample / 2 + 0.5).clamp(0, 1)",
+     "postprocessed to [0, 1] already"),
+    ("decode_latents", "return vae.decode(latents / vae.config.scaling_factor)", None),  # the DecoderOutput
+    ("postprocess",
+     """
+     x = (images + 1) / 2
+     return x if output_type == "pt" else x.permute(0, 2, 3, 1).float().numpy()
+     """,
+     "(x + 1)/2 without the clamp"),
+    ("postprocess",
+     """
+     x = images.clamp(0, 1) * 0.5 + 0.5
+     return x if output_type == "pt" else x.permute(0, 2, 3, 1).float().numpy()
+     """,
+     "clamped to [0, 1] before the shift"),
+    ("postprocess",
+     """
+     x = (images / 2 + 0.5).clamp(0, 1)
+     return x if output_type == "pt" else x.float().numpy()
+     """,
+     "'np' left channels first"),
+    ("postprocess",
+     """
+     x = (images / 2 + 0.5).clamp(0, 1)
+     return x if output_type == "pt" else x.permute(0, 2, 3, 1).numpy()
+     """,
+     "'np' left in float16"),
+    ("postprocess",
+     """
+     x = (images.float() / 2 + 0.5).clamp(0, 1)
+     return x.to(images.dtype) if output_type == "pt" else x.permute(0, 2, 3, 1).numpy()
+     """,
+     "float16 input denormalized in float32"),
+    ("postprocess",  # a tensor where numpy was asked for
+     """
+     x = (images / 2 + 0.5).clamp(0, 1)
+     return x if output_type == "pt" else x.permute(0, 2, 3, 1).float()
+     """,
+     None),
+    ("to_uint8",
+     "return ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().numpy() * 255).astype('uint8')",
+     "truncated instead of rounded"),
+    ("to_uint8",
+     "return ((images / 2 + 0.5).permute(0, 2, 3, 1).float().numpy() * 255).round().astype('uint8')",
+     "no clamp"),
+    ("to_uint8",
+     "return ((images / 2 + 0.5).clamp(0, 1).float().numpy() * 255).round().astype('uint8')",
+     "left channels first"),
+    ("to_uint8",
+     "return ((images.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy() * 255).round().astype('uint8')",
+     "float16 input denormalized in float32"),
+    ("to_uint8",  # 256 levels by multiplying with 256
+     "return ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().numpy() * 256).round().clip(0, 255)"
+     ".astype('uint8')",
+     None),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body, "-k", function)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_multiplying_by_the_inverse_scaling_factor_passes(grade_mutant):
+    graded = grade_mutant(LAB, "decode_latents", "return vae.decode((1 / vae.config.scaling_factor) * latents).sample")
+    assert graded.status == "passed", graded
+
+
+def test_decoding_sample_by_sample_passes(grade_mutant):
+    graded = grade_mutant(LAB, "decode_latents", """
+        z = latents / vae.config.scaling_factor
+        return torch.cat([vae.decode(z[i:i + 1]).sample for i in range(z.shape[0])])
+    """)
+    assert graded.status == "passed", graded
+
+
+def test_returning_a_tensor_for_np_says_to_convert_it(grade_mutant):
+    graded = grade_mutant(LAB, "postprocess", """
+        x = (images / 2 + 0.5).clamp(0, 1)
+        return x if output_type == "pt" else x.permute(0, 2, 3, 1).float()
+    """)
+    assert graded.status == "failed"
+    assert "should be a numpy.ndarray" in graded.text and ".numpy()" in graded.text
+
+
+def test_calling_the_image_processor_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "postprocess", """
+        from diffusers.image_processor import VaeImageProcessor
+        return VaeImageProcessor().postprocess(images, output_type=output_type)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text

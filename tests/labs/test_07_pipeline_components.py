@@ -1,0 +1,188 @@
+"""Lab 07: wrong-but-plausible implementations fail, and the commonest ones are named."""
+import pytest
+
+LAB = "07_pipeline_components"
+
+MUTANTS = [
+    # (function, wrong body, the trap the message must name or None)
+    ("input_error",
+     """
+     if height % vae_scale_factor or width % vae_scale_factor:
+         return "size"
+     if isinstance(generator, list) and len(generator) != batch_size:
+         return "generators"
+     return None
+     """,
+     "divisibility checked against vae_scale_factor"),
+    ("input_error",
+     """
+     if height % 8:
+         return "size"
+     if isinstance(generator, list) and len(generator) != batch_size:
+         return "generators"
+     return None
+     """,
+     "only the height checked"),
+    ("input_error",
+     """
+     if height % 8 or width % 8:
+         return "size"
+     if isinstance(generator, list) and len(generator) > 1 and len(generator) != batch_size:
+         return "generators"
+     return None
+     """,
+     "a list of one generator accepted"),
+    ("input_error", "return 'size' if height % 8 or width % 8 else None", "the generator list's length not checked"),
+    ("input_error", "return None", None),
+    ("input_error",  # an empty message is no message
+     """
+     if height % 8 or width % 8 or (isinstance(generator, list) and len(generator) != batch_size):
+         return ""
+     return None
+     """,
+     None),
+    ("input_error",  # raising like diffusers instead of returning the message
+     """
+     if height % 8 or width % 8:
+         raise ValueError("height and width must be divisible by 8")
+     return None
+     """,
+     None),
+    ("repeat_per_prompt", "return prompt_embeds.repeat(num_images_per_prompt, 1, 1)", "the whole batch tiled"),
+    ("repeat_per_prompt", "return prompt_embeds.repeat(1, num_images_per_prompt, 1)",
+     "repeated along the token axis but not reshaped"),
+    ("repeat_per_prompt", "return prompt_embeds", "not repeated at all"),
+    ("repeat_per_prompt",  # the right order, built by viewing the wrong axis
+     """
+     B, L, D = prompt_embeds.shape
+     return prompt_embeds.repeat(1, 1, num_images_per_prompt).view(B * num_images_per_prompt, L, D)
+     """,
+     None),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     if latents is not None:
+         return latents
+     if isinstance(generator, list) and len(generator) > 1:
+         return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+     gen = generator[0] if isinstance(generator, list) else generator
+     return torch.randn(shape, generator=gen, dtype=dtype)
+     """,
+     "init_noise_sigma forgotten"),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     if latents is not None:
+         return latents / init_noise_sigma
+     if isinstance(generator, list) and len(generator) > 1:
+         noise = torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+     else:
+         noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
+     return noise / init_noise_sigma
+     """,
+     "divided by init_noise_sigma"),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, width // vae_scale_factor, height // vae_scale_factor)
+     gen = generator[0] if isinstance(generator, list) else generator
+     noise = latents if latents is not None else torch.randn(shape, generator=gen, dtype=dtype)
+     return noise * init_noise_sigma
+     """,
+     "height and width swapped"),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, height, width)
+     gen = generator[0] if isinstance(generator, list) else generator
+     noise = latents if latents is not None else torch.randn(shape, generator=gen, dtype=dtype)
+     return noise * init_noise_sigma
+     """,
+     "the image size used for the latents"),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     gen = generator[0] if isinstance(generator, list) else generator
+     noise = latents if latents is not None else torch.randn(shape, generator=gen, dtype=dtype)
+     return noise * init_noise_sigma
+     """,
+     "a generator list: everything drawn from the first generator"),
+    ("prepare_latents",
+     """
+     if latents is not None:
+         return latents
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     if isinstance(generator, list) and len(generator) > 1:
+         noise = torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+     else:
+         noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
+     return noise * init_noise_sigma
+     """,
+     "the given latents not scaled"),
+    ("prepare_latents",
+     """
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     if isinstance(generator, list) and len(generator) > 1:
+         noise = torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+     else:
+         noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
+     return noise * init_noise_sigma
+     """,
+     "fresh noise drawn although latents were given"),
+    ("prepare_latents",  # the dtype argument ignored: float32 noise for a float16 request
+     """
+     shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+     if isinstance(generator, list) and len(generator) > 1:
+         noise = torch.cat([torch.randn((1, *shape[1:]), generator=g) for g in generator])
+     else:
+         noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator)
+     return (noise if latents is None else latents) * init_noise_sigma
+     """,
+     None),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body, "-k", function)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_any_non_empty_message_counts_as_the_error(grade_mutant):
+    graded = grade_mutant(LAB, "input_error", """
+        if height % 8 or width % 8 or (isinstance(generator, list) and len(generator) != batch_size):
+            return "no"
+        return None
+    """, "-k", "input_error")
+    assert graded.status == "passed", graded
+
+
+def test_repeat_interleave_is_the_same_order(grade_mutant):
+    graded = grade_mutant(LAB, "repeat_per_prompt", "return prompt_embeds.repeat_interleave(num_images_per_prompt, 0)",
+                          "-k", "repeat_per_prompt")
+    assert graded.status == "passed", graded
+
+
+def test_drawing_float32_noise_and_casting_is_the_same_on_cpu(grade_mutant):
+    graded = grade_mutant(LAB, "prepare_latents", """
+        shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+        if latents is not None:
+            return latents * init_noise_sigma
+        if isinstance(generator, list) and len(generator) > 1:
+            noise = torch.cat([torch.randn((1, *shape[1:]), generator=g) for g in generator])
+        else:
+            noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator)
+        return noise.to(dtype) * init_noise_sigma
+    """, "-k", "prepare_latents")
+    assert graded.status == "passed", graded
+
+
+def test_calling_the_pipeline_method_fails_with_a_friendly_message(grade_mutant):
+    graded = grade_mutant(LAB, "prepare_latents", """
+        from diffusers.utils.torch_utils import randn_tensor
+        shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+        noise = latents if latents is not None else randn_tensor(shape, generator=generator, dtype=dtype)
+        return noise * init_noise_sigma
+    """, "-k", "prepare_latents")
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text

@@ -1,0 +1,95 @@
+"""Lab 12: wrong end-to-end loops fail with their trap named; a TODO in an earlier lab is named too."""
+import pytest
+
+LAB = "12_end_to_end"
+
+MUTANTS = [
+    ("denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        extra = step_kwargs(scheduler, generator, eta)
+        for t in scheduler.timesteps:
+            noise_pred = cfg.guided_noise(unet, latents, t, prompt_embeds, negative_prompt_embeds,
+                                          guidance_scale, guidance_rescale)
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        return latents
+     """, "scale_model_input skipped"),
+    ("denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        for t in scheduler.timesteps:
+            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds,
+                                          negative_prompt_embeds, guidance_scale, guidance_rescale)
+            latents = scheduler.step(noise_pred, t, latents).prev_sample
+        return latents
+     """, "eta and generator not passed"),
+    ("denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        extra = step_kwargs(scheduler, generator, eta)
+        for t in scheduler.timesteps:
+            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, negative_prompt_embeds,
+                                          prompt_embeds, guidance_scale, guidance_rescale)
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        return latents
+     """, None),  # the prompts swapped: guidance away from the prompt
+    ("text_to_image", """
+        sigma = float(scheduler.init_noise_sigma)
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), sigma, generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, generator, eta, guidance_rescale)
+        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
+     """, "init_noise_sigma read before set_timesteps"),
+    ("text_to_image", """
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, generator, eta, guidance_rescale)
+        return vae_lab.decode_latents(vae, latents)
+     """, "the decoder's [−1, 1] output returned without postprocessing"),
+    ("inference_trace", """
+        trace = [boundary("conditioning", prompt_embeds)]
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        trace.append(boundary("initial latents", latents))
+        cond = torch.cat([negative_prompt_embeds, prompt_embeds])
+        extra = step_kwargs(scheduler, generator, 0.0)
+        for i, t in enumerate(scheduler.timesteps):
+            x = scheduler.scale_model_input(torch.cat([latents, latents]), t)
+            out = unet(x, t, encoder_hidden_states=cond).sample
+            guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
+            if i == 0:
+                trace += [boundary("unet input", x), boundary("unet output", out), boundary("guided noise", guided)]
+            latents = scheduler.step(guided, t, latents, **extra).prev_sample
+        trace.append(boundary("final latents", latents))
+        decoded = vae_lab.decode_latents(vae, latents)
+        return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded, "pt"))]
+     """, "the conditioning recorded as the prompt alone"),
+]
+
+
+@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
+def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
+    graded = grade_mutant(LAB, function, body)
+    assert graded.status == "failed", graded
+    if trap:
+        assert f"trap: {trap}" in graded.text, graded.text
+
+
+def test_a_lab_built_on_an_unwritten_earlier_kata_is_todo_and_names_it(grade_mutant):
+    graded = grade_mutant(LAB, "inference_trace", open_solution_block(), todo_siblings=("04_classifier_free_guidance",))
+    assert graded.status == "todo", graded
+    assert "builds on your `guidance_combine` in katas/04_classifier_free_guidance.py" in graded.text
+
+
+def open_solution_block():
+    """The solution's own inference_trace body, unchanged."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "solutions" / f"{LAB}.py").read_text(encoding="utf-8")
+    start = text.index("    # BEGIN SOLUTION: run the generation step by step")
+    end = text.index("    # END SOLUTION", start)
+    return "\n".join(line for line in text[start:end].splitlines()[1:])

@@ -1,0 +1,382 @@
+"""The instructor commands of `kata`: class, gradescope-bundle, classroom.
+
+The class is graded once (module fixture) and the tests read its tables: eight made-up submissions on
+lab 01 only, graded two at a time, each in its own process, with a 45 s wall-clock limit. One copies the
+solution; the others are the bad inputs a class brings: a syntax error, an import of a missing module, a
+deleted function, an empty folder, an endless loop, os._exit(0) at import, and a segfault at import.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plugin import cli, instructor
+
+REPO = Path(__file__).resolve().parent.parent
+LAB = "01_forward_noise"
+SOLUTION = (REPO / "solutions" / f"{LAB}.py").read_text(encoding="utf-8")
+KATA = (REPO / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
+WALL_CLOCK = 45
+
+# The same rules as tests/plugin/test_results.py (Gradescope's results.json specification).
+TOP_LEVEL = {"score", "max_score", "execution_time", "output", "output_format", "test_output_format",
+             "test_name_format", "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
+PER_TEST = {"score", "max_score", "status", "name", "name_format", "number", "output", "output_format",
+            "tags", "visibility", "extra_data"}
+VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+
+
+def assert_valid_gradescope(data: dict) -> None:
+    assert set(data) <= TOP_LEVEL, set(data) - TOP_LEVEL
+    assert isinstance(data["score"], (int, float))
+    assert isinstance(data["tests"], list) and data["tests"]
+    assert data["visibility"] in VISIBILITY and data["stdout_visibility"] in VISIBILITY
+    for test in data["tests"]:
+        assert set(test) <= PER_TEST, set(test) - PER_TEST
+        assert isinstance(test["name"], str) and test["name"]
+        assert 0 <= test["score"] <= test["max_score"]
+        assert test["status"] in ("passed", "failed")
+        assert test["visibility"] in VISIBILITY
+        assert isinstance(test["output"], str)
+    assert abs(data["score"] - sum(t["score"] for t in data["tests"])) < 1e-9
+    assert instructor.validate_gradescope(data) == []
+
+
+@functools.lru_cache(maxsize=None)
+def grader_functions(lab: str) -> tuple[tuple[str, float], ...]:
+    """(function, points) as the lab's grader declares them, read independently of plugin/instructor.py."""
+    from plugin.collection import load_module
+    from plugin.spec import Kata
+
+    module = load_module(REPO / "plugin" / "graders" / f"{lab}.py", f"_test_instructor_{lab}")
+    return tuple((v.name, v.points) for v in vars(module).values() if isinstance(v, Kata))
+
+
+def without_function(source: str, name: str) -> str:
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = source.splitlines(keepends=True)
+    start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+    return "".join(lines[:start] + lines[fn.end_lineno:])
+
+
+def with_body(source: str, name: str, body: str) -> str:
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:fn.body[0].lineno - 1]) + body + "".join(lines[fn.end_lineno:])
+
+
+def at_import(source: str, code: str) -> str:
+    return source.replace("import math\n", f"import math\n{code}\n", 1)
+
+
+def process_gone(pid: int) -> bool:
+    """True when the process no longer runs (absent, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class")
+    subs = root / "submissions"
+    pidfile = root / "grandchild.pid"
+    files = {
+        # first, so that its 45 s run overlaps the others
+        "frank_hangs": with_body(SOLUTION, "add_noise",
+                                 "    import subprocess\n"
+                                 "    child = subprocess.Popen(['sleep', '600'])\n"
+                                 f"    open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+                                 "    while True:\n"
+                                 "        pass\n"),
+        "alice_correct/katas": SOLUTION,  # the katas/ subfolder layout
+        "bob_syntax_error": KATA + "\ndef oops(:\n    pass\n",
+        "carol_missing_module": at_import(KATA, "import not_a_real_module_xyz"),
+        "dave_deleted_function": without_function(SOLUTION, "add_noise"),
+        "gina_os_exit": at_import(SOLUTION, "import os\nos._exit(0)"),
+        "hank_segfault": at_import(SOLUTION, "import ctypes\nctypes.string_at(0)"),
+    }
+    for where, text in files.items():
+        (subs / where).mkdir(parents=True)
+        (subs / where / f"{LAB}.py").write_text(text, encoding="utf-8")
+    (subs / "erin_empty").mkdir()
+    order = ["frank_hangs", "alice_correct", "bob_syntax_error", "carol_missing_module", "dave_deleted_function",
+             "erin_empty", "gina_os_exit", "hank_segfault"]
+    out = root / "out"
+    code = cli.main(["class", *[str(subs / name) for name in order], "--out", str(out), "--labs", LAB,
+                     "--jobs", "2", "--timeout", str(WALL_CLOCK), "--seed", "7"])
+    assert code == 0
+    data = json.loads((out / "class.json").read_text(encoding="utf-8"))
+    learners = {entry["learner"]: entry for entry in data["learners"]}
+    return {"out": out, "data": data, "learners": learners, "order": order, "pidfile": pidfile}
+
+
+def statuses(entry: dict) -> dict[str, str]:
+    return {f["function"]: f["status"] for f in entry["functions"]}
+
+
+def test_the_class_table_lists_every_submission_in_order_with_the_graders_points(graded_class):
+    functions = grader_functions(LAB)
+    total = sum(points for _, points in functions)
+    assert [e["learner"] for e in graded_class["data"]["learners"]] == graded_class["order"]
+    assert graded_class["data"]["max_score"] == total
+    for entry in graded_class["data"]["learners"]:
+        assert entry["max_score"] == total
+        assert [f["function"] for f in entry["functions"]] == [name for name, _ in functions]
+
+
+def test_the_correct_submission_scores_full_marks_from_its_report(graded_class):
+    alice = graded_class["learners"]["alice_correct"]
+    assert alice["outcome"] == "graded" and alice["reason"] == ""
+    assert alice["score"] == alice["max_score"]
+    assert set(statuses(alice).values()) == {"passed"}
+
+
+def test_a_syntax_error_scores_zero_with_the_line_that_does_not_parse(graded_class):
+    bob = graded_class["learners"]["bob_syntax_error"]
+    assert bob["score"] == 0 and set(statuses(bob).values()) == {"failed"}
+    assert f"katas/{LAB}.py does not parse" in bob["reason"] and "at line" in bob["reason"]
+
+
+def test_an_import_of_a_missing_module_scores_zero_with_the_module_named(graded_class):
+    carol = graded_class["learners"]["carol_missing_module"]
+    assert carol["score"] == 0 and set(statuses(carol).values()) == {"failed"}
+    assert "ModuleNotFoundError" in carol["reason"] and "not_a_real_module_xyz" in carol["reason"]
+
+
+def test_a_deleted_function_loses_only_its_own_points(graded_class):
+    dave = graded_class["learners"]["dave_deleted_function"]
+    points = dict(grader_functions(LAB))
+    assert dave["score"] == dave["max_score"] - points["add_noise"]
+    assert statuses(dave)["add_noise"] == "failed"
+    assert {s for f, s in statuses(dave).items() if f != "add_noise"} == {"passed"}
+    assert "has no function `add_noise` (deleted or renamed?)" in dave["reason"]
+
+
+def test_an_empty_folder_scores_zero_as_missing_files(graded_class):
+    erin = graded_class["learners"]["erin_empty"]
+    assert erin["score"] == 0 and erin["outcome"] == "missing file"
+    assert erin["reason"] == "empty submission folder"
+    assert set(statuses(erin).values()) == {"missing file"}
+    assert erin["passes"] == []  # nothing to grade: no child was started
+
+
+def test_an_endless_loop_is_killed_with_everything_it_started_and_scores_zero(graded_class):
+    frank = graded_class["learners"]["frank_hangs"]
+    assert frank["score"] == 0 and frank["outcome"] == "timed out"
+    assert f"timed out after {WALL_CLOCK} s (wall clock)" in frank["reason"]
+    assert set(statuses(frank).values()) == {"not graded"}
+    grandchild = int(graded_class["pidfile"].read_text())
+    assert process_gone(grandchild), "the process group was not killed: `sleep 600` still runs"
+
+
+def test_os_exit_at_import_scores_zero_although_the_process_exited_with_status_0(graded_class):
+    gina = graded_class["learners"]["gina_os_exit"]
+    assert gina["score"] == 0 and gina["outcome"] == "crashed"
+    assert gina["passes"][0]["returncode"] == 0
+    assert "exited with code 0 without writing its report" in gina["reason"]
+
+
+def test_a_segfault_scores_zero_with_the_signal_named(graded_class):
+    hank = graded_class["learners"]["hank_segfault"]
+    assert hank["score"] == 0 and hank["outcome"] == "crashed"
+    assert "SIGSEGV" in hank["reason"]
+
+
+def test_per_check_pass_rates_count_the_whole_class(graded_class):
+    rows = {(r["function"], r["check"]): r for r in graded_class["data"]["checks"]}
+    assert len(rows) == len(grader_functions(LAB))  # one check per function in lab 01
+    for (function, _check), row in rows.items():
+        assert row["learners"] == 8
+        assert row["passed"] == (1 if function == "add_noise" else 2)  # alice; dave but for add_noise
+        assert row["pass_rate"] == round(row["passed"] / 8, 4)
+    with open(graded_class["out"] / "checks.csv", newline="", encoding="utf-8") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_the_csv_and_markdown_tables_carry_the_same_scores_and_reasons(graded_class):
+    with open(graded_class["out"] / "class.csv", newline="", encoding="utf-8") as f:
+        table = {row["learner"]: row for row in csv.DictReader(f)}
+    md = (graded_class["out"] / "class.md").read_text(encoding="utf-8")
+    assert "## Pass rate per check" in md
+    for name, entry in graded_class["learners"].items():
+        row = table[name]
+        assert float(row["score"]) == entry["score"] and row["outcome"] == entry["outcome"]
+        assert row["reason"] == entry["reason"]
+        assert row[f"{LAB}::add_noise"] == statuses(entry)["add_noise"]
+        assert f"| {name} | {entry['score']:g}/{entry['max_score']:g} | {entry['outcome']} |" in md
+
+
+def test_every_learner_gets_a_valid_gradescope_file_with_the_class_score(graded_class):
+    for name, entry in graded_class["learners"].items():
+        data = json.loads((graded_class["out"] / "gradescope" / f"{name}.json").read_text(encoding="utf-8"))
+        assert_valid_gradescope(data)
+        assert data["score"] == entry["score"]
+        assert data["max_score"] == entry["max_score"]
+        if entry["outcome"] != "graded":
+            assert entry["reason"] in data["output"]
+            assert all(t["status"] == "failed" and entry["reason"] in t["output"] for t in data["tests"])
+
+
+def test_a_missing_lab_file_scores_zero_and_gpu_budgets_run_in_a_serial_pass(tmp_path):
+    sub = tmp_path / "ivy" / "katas"
+    sub.mkdir(parents=True)
+    shutil.copyfile(REPO / "katas" / "11_memory.py", sub / "11_memory.py")  # has `cuda` budgets; no lab 02
+    out = tmp_path / "out"
+    assert cli.main(["class", str(tmp_path / "ivy"), "--out", str(out), "--labs", "02,11",
+                     "--timeout", "120", "--seed", "3"]) == 0
+    ivy = json.loads((out / "class.json").read_text(encoding="utf-8"))["learners"][0]
+    assert [p["marker"] for p in ivy["passes"]] == ["not cuda", "cuda"]
+    lab02 = [f for f in ivy["functions"] if f["lab"] == "02_denoising_step"]
+    assert lab02 and {f["status"] for f in lab02} == {"missing file"}
+    assert "02_denoising_step.py: missing file" in ivy["reason"]
+    assert {f["status"] for f in ivy["functions"] if f["lab"] == "11_memory"} == {"todo"}
+    checks = json.loads((out / "class.json").read_text(encoding="utf-8"))["checks"]
+    gpu = [r for r in checks if r["cuda"]]
+    assert gpu, "lab 11 declares GPU budgets"
+    import torch
+
+    if not torch.cuda.is_available():
+        assert all(r["skipped"] == 1 for r in gpu)  # run in the cuda pass, skipped: CUDA not available
+    data = json.loads((out / "gradescope" / "ivy.json").read_text(encoding="utf-8"))
+    assert_valid_gradescope(data)
+    assert data["score"] == 0
+    missing = [t for t in data["tests"] if t["name"].startswith("Lab 02")]
+    assert missing and all("missing file" in t["output"] for t in missing)
+
+
+def test_bad_command_lines_are_reported_not_raised(tmp_path, capsys):
+    assert cli.main(["class", str(tmp_path), "--out", str(tmp_path / "o"), "--labs", "no_such_lab"]) == 2
+    assert "no single lab matches 'no_such_lab'" in capsys.readouterr().err
+    assert cli.main(["class", str(tmp_path), "--out", str(tmp_path / "o"), "--jobs", "0"]) == 2
+    not_a_folder = tmp_path / "submission.zip"
+    not_a_folder.write_bytes(b"PK")
+    assert cli.main(["class", str(not_a_folder), "--out", str(tmp_path / "o"), "--labs", LAB]) == 0
+    entry = json.loads((tmp_path / "o" / "class.json").read_text(encoding="utf-8"))["learners"][0]
+    assert entry["score"] == 0 and entry["reason"] == f"not a folder: {not_a_folder}" and entry["passes"] == []
+
+
+# ---- Gradescope bundle -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bundle") / "autograder.zip"
+    assert cli.main(["gradescope-bundle", "--out", str(path), "--labs", "01,02", "--timeout", "120"]) == 0
+    return path
+
+
+def autograder_root(tmp_path: Path, bundle: Path, submission: dict[str, str]) -> Path:
+    """Gradescope's layout: source/ (the unzipped bundle), submission/, results/, run_autograder."""
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    shutil.copyfile(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "submission").mkdir()
+    (root / "results").mkdir()
+    for name, text in submission.items():
+        (root / "submission" / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def run_autograder(root: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), KATA_PYTHON=python)
+    return subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_bundle_ships_the_project_and_pinned_setup_but_no_solutions(bundle):
+    with zipfile.ZipFile(bundle) as z:
+        names = set(z.namelist())
+        setup = z.read("setup.sh").decode()
+        run = z.read("run_autograder").decode()
+        assert (z.getinfo("run_autograder").external_attr >> 16) & 0o111
+    assert {"setup.sh", "run_autograder", "project/pyproject.toml", "project/conftest.py",
+            "project/plugin/plugin.py", "project/plugin/graders/01_forward_noise.py",
+            "project/plugin/graders/02_denoising_step.py", "project/autograder.json"} <= names
+    assert not any(n.startswith("project/solutions/") or "__pycache__" in n for n in names)
+    assert "project/plugin/graders/03_scheduler_reading.py" not in names  # only the selected labs
+    for pin in ("torch==2.13.0", "diffusers==0.42.1", "peft==0.21.2", "transformers==5.23.0", "accelerate",
+                "numpy", "pytest", "pytest-timeout"):
+        assert pin in setup
+    assert 'pip install --no-deps -e "$SOURCE/project"' in setup
+    assert "pip" not in run and "install" not in run.replace("installs nothing", "")
+
+
+def test_run_autograder_grades_a_submission_into_results_json(tmp_path, bundle):
+    root = autograder_root(tmp_path, bundle, {f"{LAB}.py": without_function(SOLUTION, "add_noise"),
+                                              "02_denoising_step.py": (REPO / "katas" / "02_denoising_step.py")
+                                              .read_text(encoding="utf-8")})
+    (root / "results" / "results.json").write_text('{"score": 999, "tests": []}')  # a planted result
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    assert_valid_gradescope(data)
+    lab01, lab02 = grader_functions(LAB), grader_functions("02_denoising_step")
+    assert data["max_score"] == sum(p for _, p in lab01 + lab02)
+    assert data["score"] == sum(p for name, p in lab01 if name != "add_noise")
+    tests = {t["name"].rsplit(" · ", 1)[1]: t for t in data["tests"]}
+    assert set(tests) == {name for name, _ in lab01 + lab02}
+    assert tests["add_noise"]["status"] == "failed" and "has no function `add_noise`" in tests["add_noise"]["output"]
+    assert all(tests[name]["status"] == "failed" and "TODO" in tests[name]["output"] for name, _ in lab02)
+    assert (root / "source" / "project" / "katas" / f"{LAB}.py").is_file()  # copied into the bundled project
+
+
+def test_run_autograder_scores_zero_with_the_reason_when_grading_writes_no_report(tmp_path, bundle):
+    root = autograder_root(tmp_path, bundle, {f"{LAB}.py": at_import(SOLUTION, "import os\nos._exit(0)")})
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    assert_valid_gradescope(data)
+    assert data["score"] == 0 and "without writing its report" in data["output"]
+    assert all(t["score"] == 0 and "without writing its report" in t["output"] for t in data["tests"])
+
+
+def test_run_autograder_still_writes_a_zero_score_when_its_own_program_fails(tmp_path, bundle):
+    root = autograder_root(tmp_path, bundle, {f"{LAB}.py": SOLUTION})
+    done = run_autograder(root, python="false")
+    assert done.returncode == 0
+    data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    assert data["score"] == 0 and data["tests"] == [] and "exited with status 1" in data["output"]
+
+
+# ---- GitHub Classroom ----------------------------------------------------------------------------------------------
+def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tmp_path):
+    assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 0
+    path = tmp_path / ".github" / "workflows" / "classroom.yml"
+    workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert workflow["name"] == "Autograding Tests"
+    assert workflow["on"] == ["push", "repository_dispatch"]
+    assert workflow["permissions"] == {"checks": "write", "actions": "read", "contents": "read"}
+    job = workflow["jobs"]["run-autograding-tests"]
+    assert job["runs-on"] == "ubuntu-latest"
+    steps = job["steps"]
+    assert steps[0]["uses"] == "actions/checkout@v4"
+    tests = [s for s in steps if s.get("uses") == "classroom-resources/autograding-command-grader@v1"]
+    labs = [p.stem for p in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py"))]
+    assert [t["with"]["command"] for t in tests] == [f"python -m pytest katas/{lab}.py" for lab in labs]
+    for lab, test in zip(labs, tests):
+        assert test["with"]["max-score"] == sum(points for _, points in grader_functions(lab))
+        assert test["with"]["test-name"] and 1 <= test["with"]["timeout"] <= 60
+    reporter = steps[-1]
+    assert reporter["uses"] == "classroom-resources/autograding-grading-reporter@v1"
+    ids = [t["id"] for t in tests]
+    assert reporter["with"]["runners"] == ",".join(ids)
+    assert reporter["env"] == {f"{i.upper()}_RESULTS": f"${{{{steps.{i}.outputs.result}}}}" for i in ids}
+    # written again unchanged: fine; a different file is kept unless --force
+    assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 0
+    path.write_text("# mine\n")
+    assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 2
+    assert cli.main(["classroom", "--out", str(tmp_path / ".github"), "--force"]) == 0

@@ -1,0 +1,345 @@
+"""The learner's `kata` commands (watch, progress, hint, reset, explain), run against a copy of one lab.
+
+Each test copies lab 01's kata, solution and grader into a temporary root and passes --root; the
+`plugin` package itself imports from this repository. Grading runs pytest in a subprocess, as a learner's
+`kata` does (about 5-20 s a run on a loaded machine), so the tests that grade share their runs.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plugin import learner
+from plugin.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+LAB = "01_forward_noise"
+FIRST = "scaled_linear_betas"  # the lab's first graded function
+# A wrong body for FIRST that the grader names as a trap: a linspace over β itself.
+LINEAR_IN_BETA = "return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)"
+GRADING_LIMIT = 300  # seconds; a grading run takes 5-20 s
+
+
+def make_root(path: Path) -> Path:
+    """A repository root holding lab 01 only: katas/, solutions/ and plugin/graders/."""
+    for folder in ("katas", "solutions", "plugin/graders"):
+        (path / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / folder / f"{LAB}.py", path / folder / f"{LAB}.py")
+    return path
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def kata(*args: str) -> subprocess.CompletedProcess:
+    """`kata ARGS` in a subprocess, as a learner types it."""
+    return subprocess.run([sys.executable, "-m", "plugin.cli", *args], capture_output=True, text=True,
+                          encoding="utf-8", env=subprocess_env(), timeout=GRADING_LIMIT)
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    """`kata ARGS` in this process: (exit code, stdout, stderr)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def get_first_function_wrong(root: Path) -> None:
+    path = root / "katas" / f"{LAB}.py"
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"def {FIRST}(")
+    stub = text.index("raise NotImplementedError", start)
+    path.write_text(text[:stub] + LINEAR_IN_BETA + text[stub + len("raise NotImplementedError"):], encoding="utf-8")
+
+
+class Terminal(io.StringIO):
+    """A stdin that says it is a terminal, holding the learner's answer."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """A root with lab 01 and a lab whose kata file does not parse, after one `kata progress`."""
+    root = make_root(tmp_path_factory.mktemp("graded"))
+    shutil.copy(REPO / "plugin" / "graders" / f"{LAB}.py", root / "plugin" / "graders" / "02_broken.py")
+    (root / "katas" / "02_broken.py").write_text('"""Lab 02 · Broken"""\ndef oops(:\n', encoding="utf-8")
+    done = kata("progress", "--root", str(root))
+    return root, done
+
+
+# ---- watch -----------------------------------------------------------------------------------------------
+def test_watch_once_shows_each_functions_status_the_next_step_and_the_first_failure(tmp_path, capsys):
+    root = make_root(tmp_path)
+    get_first_function_wrong(root)
+
+    code, out, err = run(capsys, "watch", "--once", "--root", str(root))
+
+    assert code == 0, err
+    how = "polling every 1.0 s" if learner.file_events() is None else "watchfiles"
+    assert f"watching katas/{LAB}.py ({how}" in out
+    assert "0/6 solved" in out
+    assert re.search(rf"FAILED\s+{FIRST}", out)
+    assert re.search(r"TODO\s+add_noise", out)
+    assert f"next: fix `{FIRST}` in katas/{LAB}.py" in out
+    assert "hint 1 (nudge): " in out and "`kata hint` shows hint 2 of 3" in out
+    assert f"why `{FIRST}` is FAILED" in out and "trap: a linspace over β itself" in out
+    assert "\033[2J" not in out  # the screen is cleared only on a terminal
+    assert (root / ".kata" / "last-report.json").is_file()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
+def test_watch_grades_again_after_the_kata_file_changes_and_stops_cleanly_on_ctrl_c(tmp_path):
+    root = make_root(tmp_path)
+    # SIGINT may be ignored in a test runner started in the background; the learner's shell has it.
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "plugin.cli", "watch", "01", "--interval", "0.2", "--root", str(root)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", env=subprocess_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(watcher.stdout), daemon=True).start()
+
+    def wait_for(pattern: str) -> None:
+        deadline = time.monotonic() + GRADING_LIMIT
+        while not re.search(pattern, "".join(seen)):
+            assert watcher.poll() is None, "".join(seen)
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(seen)
+            time.sleep(0.1)
+
+    try:
+        wait_for(r"0/6 solved[\s\S]*waiting for a change")
+        shutil.copy(root / "solutions" / f"{LAB}.py", root / "katas" / f"{LAB}.py")
+        wait_for(r"6/6 solved[\s\S]*waiting for a change")
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=60) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    out = "".join(seen)
+    assert out.count("watching katas/01_forward_noise.py (") == 2
+    assert "every function in this lab passes" in out
+    assert "stopped watching." in out
+
+
+def test_watching_notices_a_save_by_delete_and_create(tmp_path):
+    path = tmp_path / "kata.py"
+    path.write_text("x = 1\n")
+    before = learner.signature(path)
+
+    def save_like_an_editor():
+        time.sleep(0.3)
+        path.unlink()
+        time.sleep(0.1)
+        path.write_text("x = 22\n")
+
+    threading.Thread(target=save_like_an_editor, daemon=True).start()
+    start = time.monotonic()
+    learner.wait_for_change(path, before, interval=0.05)
+    assert time.monotonic() - start < 10
+    assert path.read_text() == "x = 22\n"
+
+
+def test_with_watchfiles_the_size_and_mtime_are_still_checked_where_no_event_arrives(tmp_path):
+    class NoEvents:  # watchfiles on NFS: only timeouts, never an event
+        def watch(self, *paths, watch_filter, rust_timeout, yield_on_timeout):
+            assert yield_on_timeout and rust_timeout == 50
+            assert watch_filter(2, str(path)) and not watch_filter(2, str(tmp_path / "other.py"))
+            while True:
+                time.sleep(rust_timeout / 1000)
+                yield set()
+
+    path = tmp_path / "kata.py"
+    path.write_text("x = 1\n")
+    before = learner.signature(path)
+    threading.Timer(0.3, lambda: path.write_text("x = 333\n")).start()
+    start = time.monotonic()
+    learner.wait_for_change(path, before, interval=0.05, events=NoEvents())
+    assert time.monotonic() - start < 10
+    assert learner.signature(path) != before
+
+
+def test_watch_names_the_labs_when_the_lab_does_not_exist(tmp_path, capsys):
+    code, _, err = run(capsys, "watch", "99", "--once", "--root", str(make_root(tmp_path)))
+    assert code == 2
+    assert f"the labs are: {LAB}" in err
+
+
+# ---- progress --------------------------------------------------------------------------------------------
+def test_progress_prints_every_lab_with_its_solved_count_and_next_todo(graded):
+    root, done = graded
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert set(rows) == {LAB, "02_broken"}
+    assert "0/6" in rows[LAB] and f"next: {FIRST} (TODO)" in rows[LAB]
+    assert "katas/02_broken.py does not parse" in rows["02_broken"]  # a lab that fails to import still shows
+    assert f"next: write `{FIRST}` in katas/{LAB}.py" in done.stdout
+    saved = json.loads((root / ".kata" / "last-report.json").read_text(encoding="utf-8"))
+    assert [entry["lab"] for entry in saved["labs"]] == ["01_forward_noise", "02_broken"]
+
+
+def test_progress_cached_prints_the_last_report_without_grading(graded, capsys, monkeypatch):
+    root, done = graded
+    monkeypatch.setattr(learner, "grade", lambda *a, **k: pytest.fail("--cached must not grade"))
+
+    code, out, err = run(capsys, "progress", "--cached", "--root", str(root))
+
+    assert code == 0, err
+    assert "last report, saved" in out
+    table = [line for line in out.splitlines() if line.startswith("  ")]
+    assert table == [line for line in done.stdout.splitlines() if line.startswith("  ")]
+
+
+def test_progress_cached_before_any_grading_says_how_to_get_a_report(tmp_path, capsys):
+    code, _, err = run(capsys, "progress", "--cached", "--root", str(make_root(tmp_path)))
+    assert code == 1
+    assert "run `kata progress`" in err
+
+
+# ---- hint ------------------------------------------------------------------------------------------------
+def test_hint_reveals_one_more_tier_per_call_and_remembers_it(graded, tmp_path, capsys):
+    root = tmp_path / "root"
+    shutil.copytree(graded[0], root)
+    outputs = [run(capsys, "hint", "--root", str(root)) for _ in range(4)]
+
+    assert all(code == 0 for code, _, _ in outputs)
+    first, second, third, fourth = (out for _, out, _ in outputs)
+    assert f"{LAB} · `{FIRST}` (TODO in the last report)" in first
+    assert "hint 1 (nudge): " in first and "hint 2 (" not in first and "again for hint 2 of 3" in first
+    assert "hint 2 (the math): " in second and "hint 3 (" not in second
+    assert "hint 1 (nudge)" in third and "hint 2 (the math)" in third and "hint 3 (near code): " in third
+    assert fourth == third and "every hint" in fourth  # the last tier is as far as it goes
+    remembered = json.loads((root / ".kata" / "hints.json").read_text(encoding="utf-8"))
+    assert remembered == {f"{LAB}::{FIRST}": 3}
+
+
+def test_hint_for_a_named_function_finds_its_lab_without_a_report(tmp_path, capsys):
+    root = make_root(tmp_path)
+    code, out, err = run(capsys, "hint", "add_noise", "--root", str(root))
+    assert code == 0, err
+    assert f"{LAB} · `add_noise`" in out and "hint 1 (nudge): " in out
+
+    code, _, err = run(capsys, "hint", "add_nose", "--lab", "01", "--root", str(root))
+    assert code == 2
+    assert "its functions are: scaled_linear_betas, cosine_betas" in err
+
+
+def test_hint_for_a_function_two_labs_grade_asks_for_the_lab(graded, tmp_path, capsys):
+    root = tmp_path / "root"
+    shutil.copytree(graded[0], root)  # 02_broken is graded by a copy of lab 01's grader
+    code, _, err = run(capsys, "hint", "add_noise", "--root", str(root))
+    assert code == 2
+    assert "name the lab" in err
+
+    code, out, _ = run(capsys, "hint", "add_noise", "--lab", "01", "--root", str(root))
+    assert code == 0 and f"{LAB} · `add_noise`" in out
+
+
+def test_hint_texts_are_the_ones_the_graders_declare():
+    """Hints are read from the grader's source without importing it; the import gives the same."""
+    from plugin.collection import load_module
+    from plugin.spec import Kata
+
+    for path in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py")):
+        name = f"_learner_test_{path.stem}"
+        try:
+            module = load_module(path, name)
+        finally:
+            sys.modules.pop(name, None)
+        declared = {v.name: tuple(v.hints) for v in vars(module).values() if isinstance(v, Kata)}
+        assert learner.grader_hints(learner.Repo(REPO), path.stem) == declared, path.stem
+
+
+# ---- reset -----------------------------------------------------------------------------------------------
+def test_reset_asks_first_and_keeps_the_file_when_the_answer_is_no(tmp_path, capsys, monkeypatch):
+    root = make_root(tmp_path)
+    get_first_function_wrong(root)
+    mine = (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+
+    code, out, _ = run(capsys, "reset", "01", "--root", str(root))
+
+    assert code == 1
+    assert f"Reset katas/{LAB}.py ? Your version is kept in .kata/backups/{LAB}-" in out and "[y/N]" in out
+    assert (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8") == mine
+    assert not (root / ".kata" / "backups").exists()
+
+
+def test_reset_restores_the_pristine_kata_and_keeps_a_backup_when_the_answer_is_yes(tmp_path, capsys,
+                                                                                  monkeypatch):
+    root = make_root(tmp_path)
+    get_first_function_wrong(root)
+    mine = (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+
+    code, out, _ = run(capsys, "reset", "forward_noise", "--root", str(root))
+
+    assert code == 0
+    assert (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8") == (REPO / "katas" / f"{LAB}.py").read_text(
+        encoding="utf-8")
+    backups = list((root / ".kata" / "backups").glob(f"{LAB}-*.py"))
+    assert len(backups) == 1 and backups[0].read_text(encoding="utf-8") == mine
+    assert f"your version: .kata/backups/{backups[0].name}" in out
+
+
+def test_reset_refuses_without_a_terminal_unless_given_yes(tmp_path, capsys, monkeypatch):
+    root = make_root(tmp_path)
+    get_first_function_wrong(root)
+    mine = (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))  # piped input is not a terminal
+
+    code, _, err = run(capsys, "reset", "01", "--root", str(root))
+    assert code == 1
+    assert "no terminal to ask you on" in err and "--yes" in err
+    assert (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8") == mine
+
+    code, _, _ = run(capsys, "reset", "01", "--yes", "--root", str(root))
+    assert code == 0
+    assert "raise NotImplementedError" in (root / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
+    assert [p.read_text(encoding="utf-8") for p in (root / ".kata" / "backups").iterdir()] == [mine]
+
+    code, out, _ = run(capsys, "reset", "01", "--yes", "--root", str(root))
+    assert code == 0 and "already pristine" in out  # nothing to back up the second time
+    assert len(list((root / ".kata" / "backups").iterdir())) == 1
+
+
+# ---- explain and usage -----------------------------------------------------------------------------------
+def test_explain_prints_the_lesson_or_one_section_of_it(tmp_path, capsys):
+    root = make_root(tmp_path)
+    code, out, _ = run(capsys, "explain", "01", "--root", str(root))
+    assert code == 0
+    assert out.startswith("Lab 01 · Forward noise process\n")
+    assert "Concept:" in out and "Say it out loud:" in out
+
+    code, out, _ = run(capsys, "explain", "1", "--section", "traps", "--root", str(root))
+    assert code == 0
+    assert "Traps:" in out and "Concept:" not in out
+
+
+def test_explain_of_an_unknown_lab_lists_the_labs(tmp_path, capsys):
+    code, _, err = run(capsys, "explain", "42", "--root", str(make_root(tmp_path)))
+    assert code == 2
+    assert f"the labs are: {LAB}" in err
+
+
+def test_a_bad_command_prints_the_usage_and_the_commands():
+    done = kata("frobnicate")
+    assert done.returncode == 2
+    assert "usage: kata" in done.stderr
+    assert all(name in done.stderr for name in ("watch", "progress", "hint", "reset", "explain"))
