@@ -751,6 +751,7 @@ def grade_all(preps: list[Prepared], grading: Grading, jobs: int) -> list[Graded
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     cuda_runs: dict[str, list[ChildRun]] = {}
+    previous = _terminate_as_exit()
     try:
         for learner, run in pool.map(first, preps):
             firsts[learner] = run
@@ -761,15 +762,38 @@ def grade_all(preps: list[Prepared], grading: Grading, jobs: int) -> list[Graded
                 print(f"  {prep.learner}: cuda pass: {run.reason or 'report written'} ({run.seconds:.1f} s)",
                       flush=True)
                 cuda_runs[prep.learner] = [run]
-    except BaseException:  # Ctrl-C: kill every child's group now, not after their time limits
+    except BaseException:  # Ctrl-C, SIGTERM: kill every child's group now, not after their time limits
         grading.children.kill_all()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
+    finally:
+        _restore(previous)
     graded = []
     for prep in preps:
         runs = [r for r in [firsts[prep.learner], *cuda_runs.get(prep.learner, [])] if r is not None]
         graded.append(conclude(prep, runs, grading.catalog))
     return graded
+
+
+def _terminate_as_exit():
+    """SIGTERM and SIGHUP raise SystemExit while children run, so that their groups get killed (the
+    children lead their own sessions: a signal to the parent's group does not reach them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            previous[name] = signal.signal(getattr(signal, name), stop)
+    return previous
+
+
+def _restore(previous) -> None:
+    for name, handler in (previous or {}).items():
+        signal.signal(getattr(signal, name), handler)
 
 
 def _fmt(x: float) -> str:

@@ -166,12 +166,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for lab, (title, functions) in labs.items():
         solved = sum(s == "passed" for s in functions.values())
         total = sum(s != "skipped" for s in functions.values())
+        if not total:
+            tr.write_line(f"  {title:<{width}}  skipped")
+            continue
         bar = "#" * solved + "." * (total - solved)
         tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
         for function, status in functions.items():
             if next_up is None and status in ("todo", "failed", "over budget"):
                 next_up = (lab, function, status)
     if next_up is None:
+        if all(s == "skipped" for _, functions in labs.values() for s in functions.values()):
+            tr.write_line("  nothing was graded: every selected check was skipped.", yellow=True)
+            return
         if session.hidden_seed is None:
             tr.write_line("  every visible check passes. Hidden checks, if your instructor uses them, "
                           "were not run here.", green=True, bold=True)
