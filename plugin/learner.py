@@ -7,445 +7,29 @@
     kata explain [LAB]        the lab's lesson (concept, mental model, traps, say it out loud)
 
 pytest stays the engine: watch and progress run `python -m pytest ... --kata-json` in a subprocess
-and read the report. What the learner's tools remember lives in .kata/ under the repository root
-(git-ignored): the last report (last-report.json), the hint tiers revealed (hints.json) and the
-backups `kata reset` keeps (backups/). Every command takes --root, the repository root.
+and read the report (plugin/grading_run.py). What the learner's tools remember lives in .kata/ under
+the repository root (plugin/workspace.py); hint tiers are in plugin/hints_state.py, file watching and
+the verdict in plugin/watch.py. Every command takes --root, the repository root.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
-import subprocess
 import sys
-import tempfile
-import textwrap
-import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from plugin import explain
 from plugin.derive import MarkerError, strip_solutions
-
-ROOT = explain.ROOT
-# Where the `plugin` package imports from: the pytest subprocess needs it even for a --root elsewhere.
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
-TIER_NAMES = ("nudge", "the math", "near code")
-UNSOLVED = ("todo", "failed", "over budget")
-VERBS = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}
-MARKS = {"passed": "passed", "failed": "FAILED", "todo": "TODO", "over budget": "OVER BUDGET",
-         "skipped": "skipped"}
-CLEAR = "\033[2J\033[H"
-# The first line of a message that means the whole kata file could not be imported (plugin/collection.py).
-IMPORT_TROUBLE = (" does not parse", " is missing")
-
-
-class LearnerError(Exception):
-    """A message for the learner; the command prints it and exits with `code`."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
-
-
-# ---- where things are --------------------------------------------------------------------------------
-@dataclass
-class Repo:
-    root: Path
-
-    @property
-    def katas(self) -> Path:
-        return self.root / "katas"
-
-    @property
-    def solutions(self) -> Path:
-        return self.root / "solutions"
-
-    @property
-    def graders(self) -> Path:
-        return self.root / "plugin" / "graders"
-
-    @property
-    def state(self) -> Path:
-        return self.root / ".kata"
-
-    @property
-    def report_path(self) -> Path:
-        return self.state / "last-report.json"
-
-    @property
-    def hints_path(self) -> Path:
-        return self.state / "hints.json"
-
-    @property
-    def backups(self) -> Path:
-        return self.state / "backups"
-
-    def kata(self, lab: str) -> Path:
-        return self.katas / f"{lab}.py"
-
-    def rel(self, path: Path) -> str:
-        try:
-            return path.relative_to(self.root).as_posix()
-        except ValueError:
-            return str(path)
-
-    def labs(self) -> list[str]:
-        """Lab stems from katas/ (and solutions/, so that a deleted kata file still shows), in order."""
-        stems = {p.stem for p in explain.lab_files(self.katas)}
-        stems |= {p.stem for p in explain.lab_files(self.solutions)}
-        return sorted(stems)
-
-
-def open_repo(root: Path) -> Repo:
-    repo = Repo(Path(root).resolve())
-    if not repo.katas.is_dir():
-        raise LearnerError(f"there is no katas/ folder in {repo.root}: --root must be the repository root "
-                           "(the folder that holds katas/, solutions/ and plugin/)")
-    return repo
-
-
-def resolve_lab(repo: Repo, name: str) -> str:
-    """A lab stem from '1', '01', '01_forward_noise' or a unique part of the name."""
-    try:
-        return explain.find_lab(name, repo.katas).stem
-    except LookupError as exc:
-        try:  # the learner's kata file may be gone; its solution still names the lab
-            return explain.find_lab(name, repo.solutions).stem
-        except LookupError:
-            pass
-        if not repo.labs():
-            raise LearnerError(f"there are no labs in {repo.rel(repo.katas)}/ (files named NN_name.py)") from None
-        raise LearnerError(f"{exc}\n(a lab is named by its number, e.g. `01`, or by its name)") from None
-
-
-# ---- grading ---------------------------------------------------------------------------------------------
-@dataclass
-class Grading:
-    report: dict | None  # the --kata-json report; None when pytest wrote none
-    output: str  # what pytest printed
-    returncode: int
-    seconds: float
-
-
-def grade(repo: Repo, target: str, *extra: str) -> Grading:
-    """`python -m pytest TARGET -q --kata-json ...` in the repository root, in a subprocess."""
-    with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
-        json_path = Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "pytest", target, "-q", "--kata-json", str(json_path),
-                   "-p", "plugin.plugin", "--rootdir", str(repo.root), *extra]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
-        start = time.monotonic()
-        # On Ctrl-C, subprocess.run kills pytest before the KeyboardInterrupt reaches the caller.
-        done = subprocess.run(command, cwd=repo.root, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
-        seconds = time.monotonic() - start
-        report = None
-        if json_path.is_file():
-            try:
-                report = json.loads(json_path.read_text(encoding="utf-8"))
-            except ValueError:
-                report = None
-    return Grading(report, done.stdout or "", done.returncode, seconds)
-
-
-def grading_failed(grading: Grading, what: str) -> str:
-    tail = "\n".join(grading.output.rstrip().splitlines()[-30:])
-    return (f"pytest could not grade {what} (exit code {grading.returncode}) and wrote no report; "
-            f"what it said:\n{textwrap.indent(tail, '  ')}")
-
-
-def now() -> str:
-    return datetime.now().isoformat(timespec="seconds")
-
-
-def load_report(repo: Repo) -> dict | None:
-    try:
-        return json.loads(repo.report_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def save_report(repo: Repo, report: dict, only_labs: set[str] | None = None) -> dict:
-    """Store `report` as .kata/last-report.json; with `only_labs`, replace just those labs in it.
-
-    "attempted" lists the labs a run tried to grade: one of them missing from "labs" could not be
-    collected, while a lab never attempted is simply not graded yet.
-    """
-    stamp = now()
-    data = dict(report)
-    data["saved_at"] = stamp
-    data["labs"] = [dict(entry, graded_at=stamp) for entry in report.get("labs", [])]
-    data["attempted"] = sorted(only_labs) if only_labs is not None else [p.stem for p in explain.lab_files(repo.katas)]
-    old = load_report(repo) if only_labs is not None else None
-    if old:
-        data["attempted"] = sorted(set(old.get("attempted", [])) | only_labs)
-        kept = [e for e in old.get("labs", []) if e.get("lab") not in only_labs]
-        data["labs"] = sorted(kept + data["labs"], key=lambda e: e.get("lab", ""))
-        results = [r for r in old.get("results", []) if r.get("lab") not in only_labs]
-        data["results"] = sorted(results + list(report.get("results", [])), key=lambda r: r.get("lab", ""))
-    write_json(repo.report_path, data)
-    return data
-
-
-def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def lab_entry(report: dict | None, lab: str) -> dict | None:
-    for entry in (report or {}).get("labs", []):
-        if entry.get("lab") == lab:
-            return entry
-    return None
-
-
-def statuses(entry: dict) -> list[tuple[str, str]]:
-    return [(f["name"], f["status"]) for f in entry.get("functions", [])]
-
-
-def counts(entry: dict) -> tuple[int, int]:
-    functions = statuses(entry)
-    return (sum(s == "passed" for _, s in functions), sum(s != "skipped" for _, s in functions))
-
-
-def first_unsolved(entry: dict) -> tuple[str, str] | None:
-    return next(((f, s) for f, s in statuses(entry) if s in UNSOLVED), None)
-
-
-def next_todo(report: dict | None) -> tuple[str, str, str] | None:
-    """(lab, function, status) of the first function not passing, in lab order."""
-    for entry in sorted((report or {}).get("labs", []), key=lambda e: e.get("lab", "")):
-        found = first_unsolved(entry)
-        if found:
-            return entry["lab"], found[0], found[1]
-    return None
-
-
-def messages(report: dict | None, lab: str, function: str, wanted=UNSOLVED) -> list[str]:
-    return [r.get("message", "") for r in (report or {}).get("results", [])
-            if r.get("lab") == lab and r.get("function") == function and r.get("status") in wanted]
-
-
-def import_trouble(report: dict | None, entry: dict) -> str | None:
-    """The first line of the failure when the whole kata file does not import, else None."""
-    found = first_unsolved(entry)
-    if not found or found[1] != "failed":
-        return None
-    for message in messages(report, entry["lab"], found[0], ("failed",)):
-        first = message.strip().splitlines()[0] if message.strip() else ""
-        path_first = first.split(" ", 1)[0].endswith(".py")
-        if first.startswith("importing ") or (path_first and any(m in first for m in IMPORT_TROUBLE)):
-            return first
-    return None
-
-
-# ---- hints -----------------------------------------------------------------------------------------------
-_HINTS_CACHE: dict[tuple[Path, int], dict[str, tuple[str, ...]]] = {}
-
-
-def grader_hints(repo: Repo, lab: str) -> dict[str, tuple[str, ...]]:
-    """Function name -> hint tiers, in the grader's declaration order.
-
-    Read from the grader's source when every `Kata(...)` call there spells its name and hints as
-    literals (no import: instant); otherwise the grader module is loaded and its Kata objects read
-    (this imports diffusers).
-    """
-    path = repo.graders / f"{lab}.py"
-    if not path.is_file():
-        raise LearnerError(f"lab {lab} has no grader ({repo.rel(path)}), so it has no hints")
-    key = (path, path.stat().st_mtime_ns)
-    if key not in _HINTS_CACHE:
-        hints = _static_hints(path)
-        if hints is None:
-            from plugin.collection import load_module
-            from plugin.spec import Kata
-
-            module = load_module(path, f"kata_grader_{lab}")
-            hints = {v.name: tuple(v.hints) for v in vars(module).values() if isinstance(v, Kata)}
-        _HINTS_CACHE[key] = hints
-    return _HINTS_CACHE[key]
-
-
-def _static_hints(path: Path) -> dict[str, tuple[str, ...]] | None:
-    """Hints from the source, or None when any Kata is declared in a way this cannot read for sure."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (SyntaxError, OSError, ValueError):
-        return None
-
-    def is_kata(node) -> bool:
-        return (isinstance(node, ast.Name) and node.id == "Kata") or \
-            (isinstance(node, ast.Attribute) and node.attr == "Kata")
-
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and is_kata(n.func)]
-    annotations = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            a = node.args
-            notes = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
-                     if x is not None and x.annotation is not None] + [node.returns]
-        elif isinstance(node, ast.AnnAssign):
-            notes = [node.annotation]
-        else:
-            continue
-        annotations |= {id(n) for note in notes if note is not None for n in ast.walk(note)}
-    other_uses = [n for n in ast.walk(tree) if is_kata(n) and id(n) not in annotations]
-    if not calls or len(other_uses) != len(calls):  # `K = Kata`, map(Kata, ...): load the module instead
-        return None
-    found: dict[str, tuple[str, ...]] = {}
-    for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
-        keywords = {k.arg: k.value for k in call.keywords}
-        if None in keywords:  # **kwargs
-            return None
-        name_node = call.args[0] if call.args else keywords.get("name")
-        hints_node = call.args[1] if len(call.args) > 1 else keywords.get("hints")
-        try:
-            name = ast.literal_eval(name_node) if name_node is not None else None
-            hints = ast.literal_eval(hints_node) if hints_node is not None else ()
-        except ValueError:
-            return None
-        if not isinstance(name, str) or name in found or not isinstance(hints, (tuple, list)) \
-                or not all(isinstance(h, str) for h in hints):
-            return None
-        found[name] = tuple(hints)
-    return found
-
-
-def load_revealed(repo: Repo) -> dict[str, int]:
-    try:
-        data = json.loads(repo.hints_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {k: int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
-
-
-def failures_cache(repo: Repo) -> dict[str, int]:
-    """Consecutive failures per "lab::function" from pytest's cache (the plugin's progressive hints)."""
-    try:
-        data = json.loads((repo.root / ".pytest_cache" / "v" / "katas" / "failures").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {k: int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
-
-
-def tiers_seen(repo: Repo, lab: str, function: str, available: int) -> int:
-    """Tiers the learner has already seen: through `kata hint`, or with pytest's repeated failures."""
-    key = f"{lab}::{function}"
-    return min(available, max(load_revealed(repo).get(key, 0), failures_cache(repo).get(key, 0)))
-
-
-def hint_text(number: int, hint: str) -> str:
-    name = TIER_NAMES[number - 1] if number <= len(TIER_NAMES) else "more"
-    head = f"hint {number} ({name}): "
-    first, *rest = hint.strip().splitlines() or [""]
-    return head + first + "".join("\n" + " " * len(head) + line.strip() for line in rest)
+from plugin.grading_run import (MARKS, VERBS, counts, first_unsolved, grade, grading_failed, import_trouble,
+                                lab_entry, load_report, next_todo, save_report, statuses)
+from plugin.hints_state import grader_hints, hint_target, hint_text, reveal_next
+from plugin.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
+from plugin.workspace import ROOT, LearnerError, Repo, open_repo, resolve_lab
 
 
 # ---- watch -----------------------------------------------------------------------------------------------
-def signature(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
-def file_events():
-    """The optional `watchfiles` module, or None: then we poll."""
-    try:
-        import watchfiles
-    except ImportError:
-        return None
-    return watchfiles
-
-
-def seconds_text(s: float) -> str:
-    return f"{s:.1f}" if round(s, 1) == s else f"{s:g}"
-
-
-def wait_for_change(path: Path, since, interval: float, events=None) -> None:
-    """Return once the file's mtime or size differs from `since` (and has settled).
-
-    Polling mtime+size works everywhere, including where file events never arrive (NFS) and with
-    editors that save by deleting and re-creating the file. With watchfiles, an event ends the wait
-    at once, and the same mtime+size check still runs every `interval`.
-    """
-    if events is not None:
-        for _changes in events.watch(path.parent, watch_filter=lambda _c, p: Path(p).name == path.name,
-                                     rust_timeout=max(1, int(interval * 1000)), yield_on_timeout=True):
-            if _changes or signature(path) != since:
-                break
-    else:
-        while signature(path) == since:
-            time.sleep(interval)
-    # Editors write in steps (or delete, then create): wait until the file is back and holds still.
-    pause = min(interval, 0.2)
-    deadline = time.monotonic() + max(2.0, 3 * interval)
-    last = signature(path)
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        current = signature(path)
-        if current is not None and current == last:
-            return
-        last = current
-
-
-def verdict_lines(repo: Repo, lab: str, grading: Grading) -> list[str]:
-    """The lab's verdict, the next step with its hint tier, and the first failure's text."""
-    report = grading.report
-    entry = lab_entry(report, lab)
-    kata = repo.rel(repo.kata(lab))
-    stamp = datetime.now().strftime("%H:%M:%S")
-    seed = (report or {}).get("seed")
-    lines = [f"graded at {stamp} in {grading.seconds:.1f} s" + (f" (seed {seed})" if seed is not None else "")]
-    if entry is None:
-        if not repo.kata(lab).is_file():
-            return lines + ["", f"{kata} is gone: `kata reset {lab[:2]}` restores it (or undo the delete in your "
-                                "editor); grading starts again when it is back."]
-        tail = "\n".join(grading.output.rstrip().splitlines()[-40:])
-        lines += ["", f"{kata} could not be graded; pytest said:", textwrap.indent(tail, "  ")]
-        return lines
-    solved, total = counts(entry)
-    lines += ["", f"{entry.get('title', lab)}: {solved}/{total} solved"]
-    width = max((len(MARKS.get(s, s)) for _, s in statuses(entry)), default=6)
-    lines += [f"  {MARKS.get(s, s):<{width}}  {f}" for f, s in statuses(entry)]
-    found = first_unsolved(entry)
-    lines.append("")
-    if found is None:
-        labs = repo.labs()
-        later = [other for other in labs if other > lab]
-        lines.append("every function in this lab passes." + (
-            f" On to the next lab: kata watch {later[0][:2]}  ({later[0]})" if later else " That was the last lab."))
-        return lines
-    function, status = found
-    lines.append(f"next: {VERBS.get(status, 'fix')} `{function}` in {kata}")
-    try:
-        hints = grader_hints(repo, lab).get(function, ())
-    except LearnerError:
-        hints = ()
-    if hints:
-        tier = max(1, tiers_seen(repo, lab, function, len(hints)))
-        lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))
-        if tier < len(hints):
-            lines.append(f"  (`kata hint` shows hint {tier + 1} of {len(hints)})")
-    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "over budget")), None)
-    if failing is None:
-        lines.append("nothing fails yet: the functions not passing are still TODO.")
-        return lines
-    text = next((m for m in messages(report, lab, failing[0], (failing[1],)) if m.strip()), "")
-    body = text.rstrip().splitlines()
-    if len(body) > 80:
-        body = body[:80] + [f"... ({len(body) - 80} more lines: python -m pytest {kata})"]
-    lines += ["", f"---- why `{failing[0]}` is {MARKS[failing[1]]} (pytest) ----", *body]
-    return lines
-
-
 def cmd_watch(args) -> int:
     repo = open_repo(args.root)
     if args.interval <= 0:
@@ -572,56 +156,11 @@ def cmd_progress(args) -> int:
 
 
 # ---- hint ------------------------------------------------------------------------------------------------
-def labs_defining(repo: Repo, function: str) -> list[str]:
-    """Labs whose kata file (or solution) defines `function` at the top level."""
-    found = []
-    for lab in repo.labs():
-        for path in (repo.kata(lab), repo.solutions / f"{lab}.py"):
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8"))
-            except (OSError, SyntaxError, ValueError):
-                continue
-            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function for n in tree.body):
-                found.append(lab)
-                break
-    return found
-
-
 def cmd_hint(args) -> int:
     repo = open_repo(args.root)
     report = load_report(repo)
     lab = resolve_lab(repo, args.lab) if args.lab else None
-    function = args.function
-    status = None
-    if function is None:
-        if report is None:
-            raise LearnerError("no grading report yet, so no current TODO: run `kata progress` (or `kata watch`) "
-                               "first, or name the function: kata hint FUNCTION [--lab LAB]", 1)
-        if lab is not None:
-            entry = lab_entry(report, lab)
-            found = first_unsolved(entry) if entry else None
-            if entry is None:
-                raise LearnerError(f"the last report has no grades for {lab}: run `kata watch {lab[:2]} --once`, "
-                                   f"or name the function: kata hint FUNCTION --lab {lab[:2]}", 1)
-            if found is None:
-                raise LearnerError(f"every function in {lab} passes in the last report; "
-                                   f"name one to see its hints: kata hint FUNCTION --lab {lab[:2]}", 1)
-            function, status = found
-        else:
-            found = next_todo(report)
-            if found is None:
-                raise LearnerError("every graded function passes in the last report; name one to see its "
-                                   "hints: kata hint FUNCTION --lab LAB", 1)
-            lab, function, status = found
-    elif lab is None:
-        graded = sorted({r.get("lab") for r in (report or {}).get("results", []) if r.get("function") == function})
-        candidates = graded or labs_defining(repo, function)
-        candidates = [c for c in candidates if function in _hints_or_empty(repo, c)]
-        if len(candidates) != 1:
-            where = f"labs {', '.join(candidates)} all have" if candidates else "no lab has"
-            raise LearnerError(f"{where} a graded function `{function}`: name the lab, "
-                               f"e.g. kata hint {function} --lab 01")
-        lab = candidates[0]
+    lab, function, status = hint_target(repo, report, lab, args.function)
     hints_by_function = grader_hints(repo, lab)
     if function not in hints_by_function:
         raise LearnerError(f"{lab} has no graded function `{function}`; its functions are: "
@@ -634,11 +173,7 @@ def cmd_hint(args) -> int:
     if not hints:
         print(f"{where}\nthe grader gives no hints for `{function}`: read the lesson, kata explain {lab[:2]}")
         return 0
-    key = f"{lab}::{function}"
-    tier = min(len(hints), tiers_seen(repo, lab, function, len(hints)) + 1)
-    revealed = load_revealed(repo)
-    revealed[key] = max(revealed.get(key, 0), tier)
-    write_json(repo.hints_path, revealed)
+    tier = reveal_next(repo, lab, function, len(hints))
     lines = [where, *(hint_text(i + 1, h) for i, h in enumerate(hints[:tier]))]
     if tier < len(hints):
         lines.append(f"(run `kata hint` again for hint {tier + 1} of {len(hints)})")
@@ -647,13 +182,6 @@ def cmd_hint(args) -> int:
                      f"the traps are in `kata explain {lab[:2]} --section traps`)")
     print("\n".join(lines))
     return 0
-
-
-def _hints_or_empty(repo: Repo, lab: str) -> dict:
-    try:
-        return grader_hints(repo, lab)
-    except LearnerError:
-        return {}
 
 
 # ---- reset -----------------------------------------------------------------------------------------------

@@ -1,0 +1,193 @@
+"""From the children's reports to grades: one Gradescope-rule score per function, and results.json checks.
+
+Points per kata function are the graders' `Kata.points` (in every result); a function counts when all
+its checks and budgets pass (plugin/formats.py's rule, reused here, so the class table and the
+Gradescope file agree). A submission scores only what its children reported: no report, a zero.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from plugin.catalog import Catalog
+from plugin.children import ChildRun
+from plugin.submissions import MISSING, Prepared
+
+NOT_GRADED = "not graded"
+# Gradescope results.json (gradescope-autograders.readthedocs.io/en/latest/specs/).
+GS_TOP_LEVEL = {"score", "max_score", "execution_time", "output", "output_format", "test_output_format",
+                "test_name_format", "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
+GS_PER_TEST = {"score", "max_score", "status", "name", "name_format", "number", "output", "output_format",
+               "tags", "visibility", "extra_data"}
+GS_VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+
+
+@dataclass
+class Cell:
+    status: str
+    score: float
+    max_score: float
+
+
+@dataclass
+class Graded:
+    learner: str
+    source: str
+    outcome: str  # graded / timed out / crashed / no report / missing file / not graded
+    reason: str
+    score: float
+    max_score: float
+    cells: dict[tuple[str, str], Cell]
+    checks: dict[tuple[str, str, str], str]  # (lab, function, check) -> status of its result
+    gradescope: dict
+    gradescope_text: str  # what is written to gradescope/<learner>.json
+    passes: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _results(report: dict):
+    from plugin import state
+
+    fields = set(state.Result.__dataclass_fields__)
+    return [state.Result(**{k: v for k, v in r.items() if k in fields}) for r in report["results"]]
+
+
+def _scored(results, hidden_run: bool, seed) -> dict:
+    """formats.gradescope over these results: the one scoring rule (all or nothing per function)."""
+    from plugin import formats
+
+    return formats.gradescope(SimpleNamespace(results=list(results), hidden_seed=0 if hidden_run else None,
+                                              seed=seed))
+
+
+def zero_gradescope(catalog: Catalog, reason: str) -> dict:
+    """A valid zero-score Gradescope results.json: one test per kata function, each saying why."""
+    tests = []
+    for lab in catalog.labs:
+        for function in catalog.functions[lab]:
+            tests.append({"name": f"{catalog.titles[lab]} · {function.name}",
+                          "number": f"{lab[:2]}.{len(tests) + 1}", "score": 0.0, "max_score": function.points,
+                          "status": "failed", "output": f"Not graded: {reason}", "visibility": "visible"})
+    return {"score": 0.0, "max_score": catalog.points(), "output": f"Not graded: {reason}",
+            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests,
+            "extra_data": {"reason": reason}}
+
+
+def conclude(prep: Prepared, runs: list[ChildRun], catalog: Catalog) -> Graded:
+    """The grade of one submission from its child reports (and nothing else)."""
+    functions = catalog.all_functions()
+    seconds = sum(r.seconds for r in runs)
+    passes = [{"marker": r.marker, "seconds": round(r.seconds, 2), "returncode": r.returncode,
+               "outcome": r.outcome or "report"} for r in runs]
+    failed = next((r for r in runs if r.report is None), None)
+    results = []
+    if not prep.problem and failed is None:
+        try:
+            results = [r for run in runs for r in _results(run.report)]
+        except (TypeError, KeyError, AttributeError) as exc:  # not what our plugin writes
+            failed = runs[0]
+            failed.outcome = "no report"
+            failed.reason = f"the grading process wrote a report that is not ours ({type(exc).__name__}: {exc})"
+    if prep.problem or failed is not None:
+        reason = prep.problem or failed.reason
+        outcome = prep.outcome if prep.problem else failed.outcome
+        status = MISSING if outcome == MISSING else NOT_GRADED
+        gradescope = zero_gradescope(catalog, reason)
+        return Graded(prep.learner, str(prep.source), outcome, reason, 0.0, catalog.points(),
+                      {(f.lab, f.name): Cell(status, 0.0, f.points) for f in functions}, {}, gradescope,
+                      json.dumps(gradescope, indent=2, ensure_ascii=False), passes, seconds)
+
+    from plugin import formats, reporting
+
+    first = runs[0].report
+    hidden_run, seed = bool(first.get("hidden_run")), first.get("seed")
+    statuses = {lab: fns for lab, (_title, fns) in reporting.progress(SimpleNamespace(results=results)).items()}
+    grouped: dict[tuple[str, str], list] = {}
+    for (lab, _title, function), rs in formats.functions(results).items():
+        grouped.setdefault((lab, function), []).extend(rs)
+    cells: dict[tuple[str, str], Cell] = {}
+    for f in functions:
+        rs = grouped.get((f.lab, f.name), [])
+        if f.lab in prep.missing:
+            status = MISSING
+        elif not rs:
+            status = NOT_GRADED
+        else:
+            status = statuses.get(f.lab, {}).get(f.name, NOT_GRADED)
+        score = _scored(rs, hidden_run, seed)["score"] if rs else 0.0
+        cells[(f.lab, f.name)] = Cell(status, float(score), f.points)
+    score = sum(c.score for c in cells.values())
+    checks = {(r.lab, r.function, r.check): r.status for r in results}
+    rebuilt = _scored(results, hidden_run, seed)
+    text = runs[0].gradescope_text if len(runs) == 1 else None
+    gradescope = None
+    if text is not None:
+        try:
+            gradescope = json.loads(text)
+        except ValueError:
+            gradescope = None
+    if gradescope is None or validate_gradescope(gradescope) or abs(gradescope["score"] - score) > 1e-9:
+        # Two passes (or a missing or doubtful file): rebuild it from the report, with the same code.
+        gradescope = rebuilt
+        text = json.dumps(gradescope, indent=2, ensure_ascii=False)
+    return Graded(prep.learner, str(prep.source), "graded", _reasons(prep, results), score, catalog.points(),
+                  cells, checks, gradescope, text, passes, seconds)
+
+
+def _reasons(prep: Prepared, results) -> str:
+    """File-level problems in a few words: missing files, files that do not import, deleted functions,
+    functions that timed out."""
+    reasons: list[str] = [f"{lab}.py: {MISSING}" for lab in prep.missing] + list(prep.notes)
+    for r in results:
+        if r.status in ("passed", "skipped", "todo") or r.lab in prep.missing:
+            continue
+        first = r.message.strip().splitlines()[0] if r.message.strip() else ""
+        if " does not parse: " in first or first.startswith("importing ") or " has no function " in first:
+            reason = first.split(". Keep the name")[0]
+        elif "timed out after" in r.message:
+            reason = f"{r.function}: timed out (per-check limit)"
+        else:
+            continue
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons)
+
+
+def validate_gradescope(data) -> list[str]:
+    """What is wrong with a Gradescope results.json (an empty list: nothing)."""
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        return ["not a JSON object"]
+    problems += [f"unknown top-level field {k!r}" for k in sorted(set(data) - GS_TOP_LEVEL)]
+    if not isinstance(data.get("score"), (int, float)):
+        problems.append("score is not a number")
+    tests = data.get("tests", [])
+    if not isinstance(tests, list):
+        return problems + ["tests is not a list"]
+    for key in ("visibility", "stdout_visibility"):
+        if key in data and data[key] not in GS_VISIBILITY:
+            problems.append(f"{key} {data[key]!r} is not one of {sorted(GS_VISIBILITY)}")
+    for i, test in enumerate(tests):
+        if not isinstance(test, dict):
+            problems.append(f"tests[{i}] is not an object")
+            continue
+        problems += [f"tests[{i}]: unknown field {k!r}" for k in sorted(set(test) - GS_PER_TEST)]
+        if not isinstance(test.get("name"), str) or not test.get("name"):
+            problems.append(f"tests[{i}]: no name")
+        score, max_score = test.get("score"), test.get("max_score")
+        if not isinstance(score, (int, float)) or not isinstance(max_score, (int, float)):
+            problems.append(f"tests[{i}]: score and max_score must be numbers")
+        elif not 0 <= score <= max_score:
+            problems.append(f"tests[{i}]: score {score} outside 0..{max_score}")
+        if test.get("status") not in ("passed", "failed"):
+            problems.append(f"tests[{i}]: status {test.get('status')!r}")
+        if test.get("visibility", "visible") not in GS_VISIBILITY:
+            problems.append(f"tests[{i}]: visibility {test.get('visibility')!r}")
+        if not isinstance(test.get("output", ""), str):
+            problems.append(f"tests[{i}]: output is not text")
+    if tests and isinstance(data.get("score"), (int, float)) and all(
+            isinstance(t, dict) and isinstance(t.get("score"), (int, float)) for t in tests):
+        if abs(data["score"] - sum(t["score"] for t in tests)) > 1e-9:
+            problems.append("score is not the sum of the tests' scores")
+    return problems
