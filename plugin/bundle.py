@@ -20,7 +20,8 @@ from pathlib import Path
 from plugin.catalog import Catalog, number_text, read_pyproject
 from plugin.children import Grading, cuda_pass, first_pass, needs_cuda_pass
 from plugin.grading_run import write_json
-from plugin.scoring import conclude, validate_gradescope, zero_gradescope
+from plugin.formats import validate_gradescope
+from plugin.scoring import conclude, zero_gradescope
 from plugin.submissions import lay_out
 
 DEFAULT_AUTOGRADER_TIMEOUT = 600.0

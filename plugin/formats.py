@@ -18,6 +18,12 @@ from pathlib import Path
 from plugin import state
 
 VERSIONED = ("torch", "diffusers", "peft", "transformers")
+# Gradescope's results.json fields and visibility values (gradescope-autograders.readthedocs.io specs).
+GS_TOP_LEVEL = {"score", "max_score", "execution_time", "output", "output_format", "test_output_format",
+                "test_name_format", "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
+GS_PER_TEST = {"score", "max_score", "status", "name", "name_format", "number", "output", "output_format",
+               "tags", "visibility", "extra_data"}
+GS_VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
 
 
 def versions() -> dict:
@@ -105,3 +111,42 @@ def gradescope(session: state.KataSession) -> dict:
 
 def write_gradescope(session: state.KataSession, path: Path) -> None:
     _write(path, gradescope(session))
+
+
+def validate_gradescope(data) -> list[str]:
+    """What is wrong with a Gradescope results.json (an empty list: nothing)."""
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        return ["not a JSON object"]
+    problems += [f"unknown top-level field {k!r}" for k in sorted(set(data) - GS_TOP_LEVEL)]
+    if not isinstance(data.get("score"), (int, float)):
+        problems.append("score is not a number")
+    tests = data.get("tests", [])
+    if not isinstance(tests, list):
+        return problems + ["tests is not a list"]
+    for key in ("visibility", "stdout_visibility"):
+        if key in data and data[key] not in GS_VISIBILITY:
+            problems.append(f"{key} {data[key]!r} is not one of {sorted(GS_VISIBILITY)}")
+    for i, test in enumerate(tests):
+        if not isinstance(test, dict):
+            problems.append(f"tests[{i}] is not an object")
+            continue
+        problems += [f"tests[{i}]: unknown field {k!r}" for k in sorted(set(test) - GS_PER_TEST)]
+        if not isinstance(test.get("name"), str) or not test.get("name"):
+            problems.append(f"tests[{i}]: no name")
+        score, max_score = test.get("score"), test.get("max_score")
+        if not isinstance(score, (int, float)) or not isinstance(max_score, (int, float)):
+            problems.append(f"tests[{i}]: score and max_score must be numbers")
+        elif not 0 <= score <= max_score:
+            problems.append(f"tests[{i}]: score {score} outside 0..{max_score}")
+        if test.get("status") not in ("passed", "failed"):
+            problems.append(f"tests[{i}]: status {test.get('status')!r}")
+        if test.get("visibility", "visible") not in GS_VISIBILITY:
+            problems.append(f"tests[{i}]: visibility {test.get('visibility')!r}")
+        if not isinstance(test.get("output", ""), str):
+            problems.append(f"tests[{i}]: output is not text")
+    if tests and isinstance(data.get("score"), (int, float)) and all(
+            isinstance(t, dict) and isinstance(t.get("score"), (int, float)) for t in tests):
+        if abs(data["score"] - sum(t["score"] for t in tests)) > 1e-9:
+            problems.append("score is not the sum of the tests' scores")
+    return problems

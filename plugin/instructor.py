@@ -24,7 +24,7 @@ from plugin.bundle import DEFAULT_AUTOGRADER_TIMEOUT, write_bundle
 from plugin.catalog import InstructorError, load_catalog, number_text, select_labs
 from plugin.classgrade import DEFAULT_CLASS_TIMEOUT, DEFAULT_JOBS, grade_class
 from plugin.classroom import write_workflow
-from plugin.scoring import validate_gradescope  # noqa: F401  (the results.json check, offered here too)
+from plugin.formats import validate_gradescope  # noqa: F401  (the results.json check, offered here too)
 
 ROOT = explain.ROOT
 

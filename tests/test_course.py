@@ -48,13 +48,18 @@ def cuda_skip(r: dict) -> bool:
     return r["status"] == "skipped" and "CUDA not available" in r["message"]
 
 
-def test_every_solution_passes_every_grader(tmp_path):
-    proc, data = grade(tmp_path, "--solutions")
+def test_every_solution_passes_every_grader_and_scores_full_marks_on_gradescope(tmp_path):
+    from plugin.formats import validate_gradescope
+
+    proc, data = grade(tmp_path, "--solutions", "--gradescope", str(tmp_path / "results.json"))
     bad = [f"{r['nodeid']}: {r['status']}\n{r['message']}" for r in data["results"]
            if r["status"] != "passed" and not cuda_skip(r)]
     assert not bad, f"seed {data['seed']}:\n" + "\n\n".join(bad)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert {r["lab"] for r in data["results"]} == set(LABS)
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert validate_gradescope(results) == []
+    assert results["score"] == results["max_score"] == sum(k.points for lab in LABS for k in graded_functions(lab))
 
 
 def test_every_untouched_kata_function_is_todo_and_none_passes_or_errors(tmp_path):
