@@ -44,6 +44,8 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str
 
     if isinstance(expected, torch.Tensor):
         return _tensor_mismatch(actual, expected, tol, where)
+    if type(expected).__module__ == "numpy" and hasattr(expected, "shape"):
+        return _array_mismatch(actual, expected, tol, where)
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)):
             return f"{where} should be a {type(expected).__name__} of {len(expected)}, got {describe(actual)}"
@@ -125,6 +127,22 @@ def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
         f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside the tolerance\n"
         f"  tolerance: {tol.describe()}"
     )
+
+
+def _array_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
+    """numpy outputs (images as "np" or uint8): type, shape and dtype first, then values as tensors."""
+    import numpy as np
+    import torch
+
+    if type(actual) is not np.ndarray:
+        return f"{where} should be a numpy.ndarray, got {type(actual).__name__}: {describe(actual)}"
+    if actual.shape != expected.shape:
+        return (f"{where} has shape {actual.shape}; expected {expected.shape}"
+                + _shape_hint(torch.empty(actual.shape), torch.empty(expected.shape)))
+    if actual.dtype != expected.dtype:
+        return f"{where} has dtype {actual.dtype}; expected {expected.dtype}"
+    return _tensor_mismatch(torch.from_numpy(np.ascontiguousarray(actual)),
+                            torch.from_numpy(np.ascontiguousarray(expected)), tol, where)
 
 
 def _unravel(flat: int, shape: tuple) -> tuple:

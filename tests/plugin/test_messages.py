@@ -113,3 +113,20 @@ def test_kata_hints_shows_the_asked_number_of_tiers_at_once(toy):
     toy.kata(double="return x * 3")
     out = toy.run("katas", "--kata-hints", "3").stdout.str()
     assert "hint 3 (near code)" in out
+
+
+def test_numpy_outputs_are_compared_structure_first_then_by_value():
+    import numpy as np
+
+    from plugin.comparison import mismatch
+    from plugin.tolerances import Tol
+
+    tol = Tol(0, 0, "exact")
+    want = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    assert mismatch(want.copy(), want, tol) is None
+    assert "should be a numpy.ndarray, got Tensor" in mismatch(__import__("torch").zeros(3, 4), want, tol)
+    assert "has shape (4, 3); expected (3, 4)" in mismatch(want.T.copy(), want, tol)
+    assert "has dtype int64; expected uint8" in mismatch(want.astype(np.int64), want, tol)
+    wrong = want.copy()
+    wrong[2, 1] = 99
+    assert "worst element at index (2, 1)" in mismatch(wrong, want, tol)
