@@ -224,6 +224,7 @@ class KataItem(pytest.Item):
             scenarios = [built] if isinstance(built, Scenario) else list(built)
             for scenario in scenarios:
                 self.last_context = self._context(check, number, total, case, scenario)
+                rng = torch.random.get_rng_state()  # traps replay the learner's call from here
                 out = self.call_learner(fn, scenario.inputs)
                 if scenario.verify is not None:
                     try:
@@ -233,7 +234,7 @@ class KataItem(pytest.Item):
                 tol = for_dtype(check.tol, output_dtype(scenario.expected))
                 problem = mismatch(out, scenario.expected, tol)
                 if problem:
-                    raise KataFailure(self._failure(problem, scenario, out, tol))
+                    raise KataFailure(self._failure(problem, scenario, out, tol, rng))
 
     def _context(self, check: Check, number: int, total: int, case: dict, scenario: Scenario) -> str:
         from plugin.comparison import describe
@@ -246,12 +247,16 @@ class KataItem(pytest.Item):
         inputs = ", ".join(f"{k}={describe(v)}" for k, v in scenario.inputs.items())
         return " ".join(parts) + f"\n  inputs: {inputs}"
 
-    def _failure(self, problem: str, scenario: Scenario, out: Any, tol) -> str:
+    def _failure(self, problem: str, scenario: Scenario, out: Any, tol, rng=None) -> str:
+        import torch
+
         from plugin.comparison import matches
         from plugin.isolation import fresh
 
         lines = [self.last_context, f"  {problem}"]
         for trap in self.kata.traps:
+            if rng is not None:  # a trap that draws from the global RNG (no `generator=`) draws what the learner drew
+                torch.random.set_rng_state(rng)
             try:
                 wrong = trap.fn(**fresh(scenario.inputs))
             except Exception:

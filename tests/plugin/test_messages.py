@@ -130,3 +130,27 @@ def test_numpy_outputs_are_compared_structure_first_then_by_value():
     wrong = want.copy()
     wrong[2, 1] = 99
     assert "worst element at index (2, 1)" in mismatch(wrong, want, tol)
+
+
+def test_a_trap_that_draws_from_the_global_rng_sees_what_the_learner_saw(pytester):
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\nkata_graders_dir = graders\n")
+    (pytester.path / "graders").mkdir()
+    (pytester.path / "graders" / "01_noisy.py").write_text(
+        "import torch\n"
+        "from plugin.spec import Kata, Scenario\n"
+        "from plugin.tolerances import Tol\n"
+        "noisy = Kata('noisy', hints=('use the generator',))\n"
+        "@noisy.check('draws from g', tol=Tol(0, 0, 'exact'))\n"
+        "def _(case, g):\n"
+        "    s = int(torch.randint(0, 2**31, (1,), generator=g))\n"
+        "    return Scenario(inputs=dict(generator=torch.Generator().manual_seed(s)),\n"
+        "                    expected=torch.randn(4, generator=torch.Generator().manual_seed(s)))\n"
+        "@noisy.trap('the generator was not passed', hint='pass generator=generator')\n"
+        "def _(generator):\n"
+        "    return torch.randn(4)\n")
+    (pytester.path / "katas").mkdir()
+    (pytester.path / "katas" / "01_noisy.py").write_text(
+        "import torch\n\ndef noisy(generator):\n    return torch.randn(4)  # the generator forgotten\n")
+    result = pytester.runpytest("-p", "plugin.plugin", "katas")
+    result.stdout.fnmatch_lines(["*trap: the generator was not passed*"])
