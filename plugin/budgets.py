@@ -5,7 +5,7 @@ Deterministic (any machine):
   TorchDispatchMode that sees every op's output storage and a weakref finalizer when it dies. Not RSS,
   not tracemalloc (blind to torch): the same code gives the same bytes every run.
 - `flops(fn)`: torch.utils.flop_counter's count of matmul/conv/attention FLOPs.
-- call counts: the graders wrap the denoiser and count.
+- call counts: the graders wrap the denoiser and count (labs 04 and 05 each wrap it their way).
 
 GPU (tests marked `cuda` and `budget`; they skip where CUDA is not available):
 - `cuda_time_ms(fn)`: CUDA events around each run, after warm-up, median of several.
@@ -113,25 +113,6 @@ def cuda_peak_bytes(fn: Callable[[], Any]) -> int:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return peak
-
-
-class CallCounter:
-    """Wraps a denoiser: counts calls and records each call's batch size; forwards attributes."""
-
-    def __init__(self, module):
-        self.module = module
-        self.batch_sizes: list[int] = []
-
-    def __call__(self, sample, *args, **kwargs):
-        self.batch_sizes.append(int(sample.shape[0]))
-        return self.module(sample, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-    @property
-    def calls(self) -> int:
-        return len(self.batch_sizes)
 
 
 def human(value: float, unit: str) -> str:
