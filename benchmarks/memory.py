@@ -35,8 +35,8 @@ def solution(lab: str):
 def tiled_decode_table(sizes: list[int]) -> list[str]:
     import torch
 
-    from plugin import tiny
-    from plugin.budgets import flops, human, peak_bytes
+    from diffusion_katas.engine import tiny
+    from diffusion_katas.engine.meters import flops, human, peak_bytes
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

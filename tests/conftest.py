@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401  (imported before any pytester snapshot: torch cannot be imported twice)
 
-from plugin import budgets
+from diffusion_katas.engine import meters as budgets
 
 # The meters pull in torch's dispatch and flop-counter modules, which register torch libraries and
 # cannot be imported twice in one process: import them before any pytester snapshot too.
@@ -32,9 +32,9 @@ def graders_loaded():
     Pytester removes modules imported during an inline run; torch and its extensions must not be
     imported a second time in one process.
     """
-    from plugin.collection import load_module
+    from diffusion_katas.core.course import load_module
 
-    for path in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py")):
+    for path in sorted((REPO / "graders").glob("[0-9][0-9]_*.py")):
         load_module(path, f"_preload_{path.stem}")
 
 
@@ -67,7 +67,7 @@ def kata_ini(pytester: pytest.Pytester) -> None:
         "[pytest]\n"
         "kata_dir = katas\n"
         "kata_solutions_dir = solutions\n"
-        f"kata_graders_dir = {REPO / 'plugin' / 'graders'}\n"
+        f"kata_graders_dir = {REPO / 'graders'}\n"
     )
 
 
@@ -84,7 +84,7 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
         for sibling in BUILDS_ON.get(lab, ()):  # solved, unless the test wants it still TODO
             origin = REPO / ("katas" if sibling in todo_siblings else "solutions") / f"{sibling}.py"
             (katas / f"{sibling}.py").write_text(origin.read_text(encoding="utf-8"), encoding="utf-8")
-        recorder = pytester.inline_run("-p", "plugin.plugin", f"katas/{lab}.py", "--kata-seed", "7",
+        recorder = pytester.inline_run(f"katas/{lab}.py", "--kata-seed", "7",
                                        "--kata-function", function, "-p", "no:cacheprovider", *args)
         reports = [r for r in recorder.getreports("pytest_runtest_logreport")
                    if r.nodeid.startswith(f"katas/{lab}.py::{function}[") and hasattr(r, "kata_status")]

@@ -26,10 +26,10 @@ def grade(tmp_path, *args):
 
 
 def graded_functions(lab):
-    spec = importlib.util.spec_from_file_location(f"_course_{lab}", REPO / "plugin" / "graders" / f"{lab}.py")
+    spec = importlib.util.spec_from_file_location(f"_course_{lab}", REPO / "graders" / f"{lab}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from plugin.spec import Kata
+    from diffusion_katas.core.spec import Kata
 
     return [v for v in vars(module).values() if isinstance(v, Kata)]
 
@@ -49,7 +49,7 @@ def cuda_skip(r: dict) -> bool:
 
 
 def test_every_solution_passes_every_grader_and_scores_full_marks_on_gradescope(tmp_path):
-    from plugin.formats import validate_gradescope
+    from diffusion_katas.core.results import validate_gradescope
 
     proc, data = grade(tmp_path, "--solutions", "--gradescope", str(tmp_path / "results.json"))
     bad = [f"{r['nodeid']}: {r['status']}\n{r['message']}" for r in data["results"]

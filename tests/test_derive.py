@@ -1,7 +1,7 @@
 """katas/ is derived from solutions/ by stripping solution markers, and a check proves they agree."""
 import pytest
 
-from plugin.derive import MarkerError, drift, strip_solutions
+from diffusion_katas.core.derive import MarkerError, drift, strip_solutions
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_unbalanced_markers_are_an_error_with_the_line(text, problem):
 
 def test_the_repository_katas_agree_with_the_solutions():
     problems = drift(REPO / "solutions", REPO / "katas")
-    assert not problems, "run `python -m plugin.derive`: " + "; ".join(problems)
+    assert not problems, "run `python -m diffusion_katas.core.derive`: " + "; ".join(problems)
 
 
 def test_a_kata_edited_by_hand_is_reported_as_drift(tmp_path):

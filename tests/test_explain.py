@@ -5,20 +5,22 @@ from pathlib import Path
 
 import pytest
 
-from plugin.explain import find_lab, lesson, render
+from diffusion_katas.core.course import find_lab
+from diffusion_katas.core.lessons import lesson, render
 
 REPO = Path(__file__).resolve().parent.parent
+KATAS = REPO / "katas"
 
 
 def test_a_lab_is_found_by_number_or_by_name():
-    assert find_lab("1").name == "01_forward_noise.py"
-    assert find_lab("01_forward_noise").name == "01_forward_noise.py"
-    assert find_lab("forward").name == "01_forward_noise.py"
+    assert find_lab("1", KATAS).name == "01_forward_noise.py"
+    assert find_lab("01_forward_noise", KATAS).name == "01_forward_noise.py"
+    assert find_lab("forward", KATAS).name == "01_forward_noise.py"
 
 
 def test_an_unknown_lab_lists_the_labs_there_are():
     with pytest.raises(LookupError, match="the labs are: 01_forward_noise"):
-        find_lab("99")
+        find_lab("99", KATAS)
 
 
 def test_the_lesson_has_every_section_the_workshop_reads_aloud():
@@ -35,7 +37,7 @@ def test_one_section_can_be_printed_alone():
 
 def test_the_command_prints_a_lab_without_importing_torch():
     proc = subprocess.run([sys.executable, "-c",
-                           "import sys; from plugin.explain import main; main(['01']); "
+                           "import sys; from diffusion_katas.commands.main import main; main(['explain', '01']); "
                            "print('TORCH', 'torch' in sys.modules)"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "Lab 01 · Forward noise process" in proc.stdout

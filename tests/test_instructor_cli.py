@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugin import cli, instructor
+from diffusion_katas.commands import main as cli
+from diffusion_katas.commands.instructor import cli as instructor
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = "01_forward_noise"
@@ -55,11 +56,11 @@ def assert_valid_gradescope(data: dict) -> None:
 
 @functools.lru_cache(maxsize=None)
 def grader_functions(lab: str) -> tuple[tuple[str, float], ...]:
-    """(function, points) as the lab's grader declares them, read independently of plugin/instructor.py."""
-    from plugin.collection import load_module
-    from plugin.spec import Kata
+    """(function, points) as the lab's grader declares them, read independently of the instructor commands."""
+    from diffusion_katas.pytest_plugin.collection import load_module
+    from diffusion_katas.core.spec import Kata
 
-    module = load_module(REPO / "plugin" / "graders" / f"{lab}.py", f"_test_instructor_{lab}")
+    module = load_module(REPO / "graders" / f"{lab}.py", f"_test_instructor_{lab}")
     return tuple((v.name, v.points) for v in vars(module).values() if isinstance(v, Kata))
 
 
@@ -309,10 +310,10 @@ def test_the_bundle_ships_the_project_and_pinned_setup_but_no_solutions(bundle):
         run = z.read("run_autograder").decode()
         assert (z.getinfo("run_autograder").external_attr >> 16) & 0o111
     assert {"setup.sh", "run_autograder", "project/pyproject.toml", "project/conftest.py",
-            "project/plugin/plugin.py", "project/plugin/graders/01_forward_noise.py",
-            "project/plugin/graders/02_denoising_step.py", "project/autograder.json"} <= names
+            "project/plugin/diffusion_katas/pytest_plugin/plugin.py", "project/graders/01_forward_noise.py",
+            "project/graders/02_denoising_step.py", "project/autograder.json"} <= names
     assert not any(n.startswith("project/solutions/") or "__pycache__" in n for n in names)
-    assert "project/plugin/graders/03_scheduler_reading.py" not in names  # only the selected labs
+    assert "project/graders/03_scheduler_reading.py" not in names  # only the selected labs
     for pin in ("torch==2.13.0", "diffusers==0.42.1", "peft==0.21.2", "transformers==5.23.0", "accelerate",
                 "numpy", "pytest", "pytest-timeout"):
         assert pin in setup
@@ -370,7 +371,7 @@ def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tm
     steps = job["steps"]
     assert steps[0]["uses"] == "actions/checkout@v4"
     tests = [s for s in steps if s.get("uses") == "classroom-resources/autograding-command-grader@v1"]
-    labs = [p.stem for p in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py"))]
+    labs = [p.stem for p in sorted((REPO / "graders").glob("[0-9][0-9]_*.py"))]
     assert [t["with"]["command"] for t in tests] == [f"python -m pytest katas/{lab}.py" for lab in labs]
     for lab, test in zip(labs, tests):
         assert test["with"]["max-score"] == sum(points for _, points in grader_functions(lab))

@@ -1,7 +1,7 @@
 """The learner's `kata` commands (watch, progress, hint, reset, explain), run against a copy of one lab.
 
-Each test copies lab 01's kata, solution and grader into a temporary root and passes --root; the
-`plugin` package itself imports from this repository. Grading runs pytest in a subprocess, as a learner's
+Each test copies lab 01's kata, solution and grader into a temporary course and passes --root (or runs
+from inside it). Grading runs pytest in a subprocess, as a learner's
 `kata` does (about 5-20 s a run on a loaded machine), so the tests that grade share their runs.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from plugin import learner
-from plugin.cli import main
+from diffusion_katas.commands.learner import cli as learner
+from diffusion_katas.core.course import Course
+from diffusion_katas.commands.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = "01_forward_noise"
@@ -32,8 +33,8 @@ GRADING_LIMIT = 300  # seconds; a grading run takes 5-20 s
 
 
 def make_root(path: Path) -> Path:
-    """A repository root holding lab 01 only: katas/, solutions/ and plugin/graders/."""
-    for folder in ("katas", "solutions", "plugin/graders"):
+    """A course holding lab 01 only: katas/, solutions/ and graders/."""
+    for folder in ("katas", "solutions", "graders"):
         (path / folder).mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / folder / f"{LAB}.py", path / folder / f"{LAB}.py")
     return path
@@ -41,14 +42,13 @@ def make_root(path: Path) -> Path:
 
 def subprocess_env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def kata(*args: str) -> subprocess.CompletedProcess:
     """`kata ARGS` in a subprocess, as a learner types it."""
-    return subprocess.run([sys.executable, "-m", "plugin.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "diffusion_katas", *args], capture_output=True, text=True,
                           encoding="utf-8", env=subprocess_env(), timeout=GRADING_LIMIT)
 
 
@@ -78,7 +78,7 @@ class Terminal(io.StringIO):
 def graded(tmp_path_factory):
     """A root with lab 01 and a lab whose kata file does not parse, after one `kata progress`."""
     root = make_root(tmp_path_factory.mktemp("graded"))
-    shutil.copy(REPO / "plugin" / "graders" / f"{LAB}.py", root / "plugin" / "graders" / "02_broken.py")
+    shutil.copy(REPO / "graders" / f"{LAB}.py", root / "graders" / "02_broken.py")
     (root / "katas" / "02_broken.py").write_text('"""Lab 02 · Broken"""\ndef oops(:\n', encoding="utf-8")
     done = kata("progress", "--root", str(root))
     return root, done
@@ -109,7 +109,7 @@ def test_watch_grades_again_after_the_kata_file_changes_and_stops_cleanly_on_ctr
     root = make_root(tmp_path)
     # SIGINT may be ignored in a test runner started in the background; the learner's shell has it.
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "plugin.cli", "watch", "01", "--interval", "0.2", "--root", str(root)],
+        [sys.executable, "-m", "diffusion_katas", "watch", "01", "--interval", "0.2", "--root", str(root)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", env=subprocess_env(),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: list[str] = []
@@ -253,17 +253,17 @@ def test_hint_for_a_function_two_labs_grade_asks_for_the_lab(graded, tmp_path, c
 
 def test_hint_texts_are_the_ones_the_graders_declare():
     """Hints are read from the grader's source without importing it; the import gives the same."""
-    from plugin.collection import load_module
-    from plugin.spec import Kata
+    from diffusion_katas.pytest_plugin.collection import load_module
+    from diffusion_katas.core.spec import Kata
 
-    for path in sorted((REPO / "plugin" / "graders").glob("[0-9][0-9]_*.py")):
+    for path in sorted((REPO / "graders").glob("[0-9][0-9]_*.py")):
         name = f"_learner_test_{path.stem}"
         try:
             module = load_module(path, name)
         finally:
             sys.modules.pop(name, None)
         declared = {v.name: tuple(v.hints) for v in vars(module).values() if isinstance(v, Kata)}
-        assert learner.grader_hints(learner.Repo(REPO), path.stem) == declared, path.stem
+        assert learner.grader_hints(Course(REPO), path.stem) == declared, path.stem
 
 
 # ---- reset -----------------------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ def test_changing_the_latent_in_place_fails_even_with_the_right_values(grade_mut
 
 
 def _grader():
-    path = REPO / "plugin" / "graders" / f"{LAB}.py"
+    path = REPO / "graders" / f"{LAB}.py"
     spec = importlib.util.spec_from_file_location(f"_test_grader_{LAB}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -228,9 +228,9 @@ def test_the_graded_cases_separate_every_declared_trap():
     # Each trap must differ from the reference on at least one graded scenario, or it could never be named.
     import torch
 
-    from plugin.comparison import matches
-    from plugin.isolation import fresh
-    from plugin.tolerances import for_dtype
+    from diffusion_katas.engine.comparison import matches
+    from diffusion_katas.engine.isolation import fresh
+    from diffusion_katas.core.tolerances import for_dtype
 
     for kata in _grader().__dict__.values():
         if not hasattr(kata, "traps") or not hasattr(kata, "checks"):

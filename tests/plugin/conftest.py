@@ -18,9 +18,9 @@ GRADER = '''
 import torch
 
 import toyref
-from plugin.budgets import peak_bytes
-from plugin.spec import Kata, Measurement, Scenario
-from plugin.tolerances import Tol
+from diffusion_katas.engine.meters import peak_bytes
+from diffusion_katas.core.spec import Kata, Measurement, Scenario
+from diffusion_katas.core.tolerances import Tol
 
 TOL = Tol(1e-6, 0.0, "toy tolerance for tests")
 
@@ -115,7 +115,7 @@ class Toy:
         (self.pytester.path / "katas" / "01_toy.py").write_text(text)
 
     def run(self, *args: str):
-        return self.pytester.runpytest("-p", "plugin.plugin", *args)
+        return self.pytester.runpytest(*args)
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_copying_the_inputs_is_not_charged_to_the_learner(toy):
 def test_the_deterministic_meters_give_the_same_figure_every_time(meter):
     import torch
 
-    from plugin import budgets
+    from diffusion_katas.engine import meters as budgets
 
     x = torch.randn(64, 64)
     fn = lambda: (x @ x).relu() @ x  # noqa: E731
@@ -55,7 +55,7 @@ def test_the_deterministic_meters_give_the_same_figure_every_time(meter):
 def test_peak_bytes_counts_live_tensors_not_everything_ever_allocated():
     import torch
 
-    from plugin.budgets import peak_bytes
+    from diffusion_katas.engine.meters import peak_bytes
 
     x = torch.randn(1024)  # 4 KiB, made before: not counted
 

@@ -118,8 +118,8 @@ def test_kata_hints_shows_the_asked_number_of_tiers_at_once(toy):
 def test_numpy_outputs_are_compared_structure_first_then_by_value():
     import numpy as np
 
-    from plugin.comparison import mismatch
-    from plugin.tolerances import Tol
+    from diffusion_katas.engine.comparison import mismatch
+    from diffusion_katas.core.tolerances import Tol
 
     tol = Tol(0, 0, "exact")
     want = np.arange(12, dtype=np.uint8).reshape(3, 4)
@@ -138,8 +138,8 @@ def test_a_trap_that_draws_from_the_global_rng_sees_what_the_learner_saw(pyteste
     (pytester.path / "graders").mkdir()
     (pytester.path / "graders" / "01_noisy.py").write_text(
         "import torch\n"
-        "from plugin.spec import Kata, Scenario\n"
-        "from plugin.tolerances import Tol\n"
+        "from diffusion_katas.core.spec import Kata, Scenario\n"
+        "from diffusion_katas.core.tolerances import Tol\n"
         "noisy = Kata('noisy', hints=('use the generator',))\n"
         "@noisy.check('draws from g', tol=Tol(0, 0, 'exact'))\n"
         "def _(case, g):\n"
@@ -152,5 +152,5 @@ def test_a_trap_that_draws_from_the_global_rng_sees_what_the_learner_saw(pyteste
     (pytester.path / "katas").mkdir()
     (pytester.path / "katas" / "01_noisy.py").write_text(
         "import torch\n\ndef noisy(generator):\n    return torch.randn(4)  # the generator forgotten\n")
-    result = pytester.runpytest("-p", "plugin.plugin", "katas")
+    result = pytester.runpytest("katas")
     result.stdout.fnmatch_lines(["*trap: the generator was not passed*"])

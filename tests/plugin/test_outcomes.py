@@ -94,13 +94,13 @@ def test_the_cuda_marker_is_registered_and_skips_without_cuda(pytester):
             import torch
             assert torch.cuda.is_available()
     """)
-    result = pytester.runpytest("-p", "plugin.plugin", "--strict-markers", "-rs")
+    result = pytester.runpytest("--strict-markers", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*CUDA not available*"])
 
 
 def test_the_options_appear_in_one_group_in_help(pytester):
-    result = pytester.runpytest("-p", "plugin.plugin", "--help")
+    result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["diffusion katas grading:", "*--solutions*", "*--kata-seed=N*",
                                  "*--kata-hints=N*", "*--kata-timeout=SECONDS*"])
 

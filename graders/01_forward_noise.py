@@ -1,0 +1,304 @@
+"""Grader for lab 01 · Forward noise process: schedules, ᾱ, add_noise, v target, zero terminal SNR.
+
+Imports only the DDPM scheduler module: grading this lab never loads diffusers' models or pipelines.
+"""
+import math
+
+import torch
+from diffusers.schedulers.scheduling_ddpm import (
+    DDPMScheduler,
+    betas_for_alpha_bar,
+    rescale_zero_terminal_snr as reference_zsnr,
+)
+
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import SCHEDULE
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# Schedules worth grading on: Stable Diffusion's, the DDPM paper's, and a short one.
+SCHEDULES = [
+    dict(beta_start=0.00085, beta_end=0.012, num_train_timesteps=1000),
+    dict(beta_start=0.0001, beta_end=0.02, num_train_timesteps=1000),
+    dict(beta_start=0.001, beta_end=0.05, num_train_timesteps=37),
+]
+SCHEDULER_CLASSES = (
+    "diffusers.schedulers.scheduling_ddpm.DDPMScheduler",
+    "diffusers.schedulers.scheduling_ddim.DDIMScheduler",
+)
+
+
+def scheduler(schedule: str = "scaled_linear", **kw) -> DDPMScheduler:
+    return DDPMScheduler(beta_schedule=schedule, **kw)
+
+
+# ---- scaled_linear_betas ----------------------------------------------------------------------------
+scaled_linear_betas = Kata(
+    "scaled_linear_betas",
+    hints=(
+        "Stable Diffusion's schedule is evenly spaced in √β, not in β.",
+        "β_t = (√β_start + t·(√β_end − √β_start)/(T − 1))² for t = 0 … T−1.",
+        "torch.linspace(beta_start ** 0.5, beta_end ** 0.5, T, dtype=torch.float32) ** 2",
+    ),
+    answer_key=tuple(f"{c}.__init__" for c in SCHEDULER_CLASSES),
+)
+
+
+@scaled_linear_betas.check("vs DDPMScheduler.betas", cases=SCHEDULES, tol=SCHEDULE)
+def _(case, g):
+    return Scenario(inputs=dict(case), expected=scheduler("scaled_linear", **case).betas)
+
+
+@scaled_linear_betas.trap("a linspace over β itself (that is the 'linear' schedule)",
+                          hint="Space the square roots evenly, then square: linspace(√β_start, √β_end, T)².")
+def _(beta_start, beta_end, num_train_timesteps):
+    return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)
+
+
+@scaled_linear_betas.trap("√ of a linspace over β (the square root and the square swapped)",
+                          hint="Take the square roots of the end points, space evenly, then square.")
+def _(beta_start, beta_end, num_train_timesteps):
+    return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32).sqrt()
+
+
+# ---- cosine_betas -----------------------------------------------------------------------------------
+cosine_betas = Kata(
+    "cosine_betas",
+    hints=(
+        "Define ᾱ(t) = f(t) on t ∈ [0, 1]; each β is 1 minus the ratio of two neighbouring f values.",
+        "f(t) = cos(((t + 0.008)/1.008)·π/2)²;  β_i = min(1 − f((i+1)/T)/f(i/T), max_beta).",
+        "Loop i over range(T) with Python floats (math.cos), collect the betas in a list, then "
+        "torch.tensor(betas, dtype=torch.float32).",
+    ),
+    answer_key=("diffusers.schedulers.scheduling_ddpm.betas_for_alpha_bar",
+                "diffusers.schedulers.scheduling_ddim.betas_for_alpha_bar",
+                *(f"{c}.__init__" for c in SCHEDULER_CLASSES)),
+)
+
+
+@cosine_betas.check("vs betas_for_alpha_bar",
+                    cases=[dict(num_train_timesteps=1000), dict(num_train_timesteps=50, max_beta=0.999),
+                           dict(num_train_timesteps=20, max_beta=0.5)], tol=SCHEDULE)
+def _(case, g):
+    return Scenario(inputs=dict(case), expected=betas_for_alpha_bar(case["num_train_timesteps"],
+                                                                    max_beta=case.get("max_beta", 0.999)))
+
+
+def _f(t, offset=0.008):
+    return math.cos((t + offset) / (1 + offset) * math.pi / 2) ** 2
+
+
+@cosine_betas.trap("the cap at max_beta is missing (the last β becomes 1)",
+                   hint="Clip every β at max_beta: f(1) = 0 would otherwise make the last step β = 1.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    return torch.tensor([1 - _f((i + 1) / T) / _f(i / T) for i in range(T)], dtype=torch.float32)
+
+
+@cosine_betas.trap("the 0.008 offset is missing",
+                   hint="f(t) uses (t + s)/(1 + s) with s = 0.008, which keeps the first β from being ~0.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    return torch.tensor([min(1 - _f((i + 1) / T, 0) / _f(i / T, 0), max_beta) for i in range(T)],
+                        dtype=torch.float32)
+
+
+@cosine_betas.trap("β taken as 1 − ᾱ(t) instead of from the ratio of neighbouring ᾱ values",
+                   hint="f is ᾱ, a cumulative product: β_i = 1 − ᾱ_{i+1}/ᾱ_i, not 1 − ᾱ_i.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    return torch.tensor([min(1 - _f((i + 1) / T), max_beta) for i in range(T)], dtype=torch.float32)
+
+
+# ---- alphas_cumprod ---------------------------------------------------------------------------------
+alphas_cumprod = Kata(
+    "alphas_cumprod",
+    hints=(
+        "ᾱ_t is how much of the clean signal's variance survives t steps: a running product.",
+        "α_t = 1 − β_t and ᾱ_t = α_0 · α_1 · … · α_t.",
+        "torch.cumprod(1.0 - betas, dim=0)",
+    ),
+)
+
+
+@alphas_cumprod.check("vs DDPMScheduler.alphas_cumprod",
+                      cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
+                             dict(schedule="squaredcos_cap_v2")], tol=SCHEDULE)
+def _(case, g):
+    s = scheduler(case["schedule"])
+    return Scenario(inputs=dict(betas=s.betas.clone()), expected=s.alphas_cumprod)
+
+
+@alphas_cumprod.trap("a running product of β instead of 1 − β",
+                     hint="ᾱ multiplies the kept fractions α = 1 − β, not the added noise β.")
+def _(betas):
+    return torch.cumprod(betas, dim=0)
+
+
+@alphas_cumprod.trap("1 − cumprod(β)", hint="Take 1 − β first, then the running product.")
+def _(betas):
+    return 1 - torch.cumprod(betas, dim=0)
+
+
+@alphas_cumprod.trap("a running sum instead of a running product",
+                     hint="Survival fractions multiply: use torch.cumprod, not cumsum.")
+def _(betas):
+    return 1 - torch.cumsum(betas, dim=0)
+
+
+# ---- add_noise and velocity: shared scenarios -----------------------------------------------------------
+NOISE_CASES = [
+    dict(shape=(4, 3, 8, 8), dtype="float32", schedule="scaled_linear"),
+    dict(shape=(3, 4, 16, 16), dtype="float32", schedule="linear"),
+    dict(shape=(5, 4, 8, 8), dtype="float16", schedule="scaled_linear"),
+    dict(shape=(2, 6), dtype="float32", schedule="squaredcos_cap_v2"),
+]
+
+
+def noise_scenario(case, g, method: str) -> Scenario:
+    s = scheduler(case["schedule"])
+    dtype = DTYPES[case["dtype"]]
+    B = case["shape"][0]
+    x0 = torch.randn(case["shape"], generator=g).to(dtype)
+    noise = torch.randn(case["shape"], generator=g).to(dtype)
+    T = s.config.num_train_timesteps
+    # The edges 0 and T−1 always, the rest random: every batch mixes noise levels.
+    t = torch.cat([torch.tensor([0, T - 1]), torch.randint(0, T, (B - 2,), generator=g)])
+    t = t[torch.randperm(B, generator=g)]
+    inputs = dict(x0=x0, noise=noise, alphas_cumprod=s.alphas_cumprod.clone(), timesteps=t)
+    if method == "add_noise":
+        expected = s.add_noise(x0.clone(), noise.clone(), t.clone())
+    else:
+        expected = s.get_velocity(x0.clone(), noise.clone(), t.clone())
+    return Scenario(inputs=inputs, expected=expected, label=f"timesteps {t.tolist()}")
+
+
+def coefficients(alphas_cumprod, timesteps, like):
+    a = alphas_cumprod.to(like.dtype)[timesteps].reshape((-1,) + (1,) * (like.dim() - 1))
+    return a
+
+
+add_noise = Kata(
+    "add_noise",
+    hints=(
+        "Each sample has its own timestep: pick its ᾱ, then mix signal and noise so variances add to 1.",
+        "x_t = √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε, with ᾱ_t = alphas_cumprod[t] shaped (B, 1, 1, 1) and in x0's dtype.",
+        "a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1)); "
+        "return a ** 0.5 * x0 + (1 - a) ** 0.5 * noise",
+    ),
+    answer_key=tuple(f"{c}.add_noise" for c in SCHEDULER_CLASSES),
+)
+
+
+@add_noise.check("vs DDPMScheduler.add_noise", cases=NOISE_CASES, tol=SCHEDULE)
+def _(case, g):
+    return noise_scenario(case, g, "add_noise")
+
+
+@add_noise.trap("ᾱ_t used where √ᾱ_t belongs",
+                hint="The coefficients are square roots: √ᾱ_t·x_0 + √(1 − ᾱ_t)·ε keeps unit variance.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps, x0)
+    return a * x0 + (1 - a) * noise
+
+
+@add_noise.trap("the signal and noise coefficients swapped",
+                hint="At t = 0 the sample must be almost clean: x_0 gets √ᾱ_t (≈1), ε gets √(1 − ᾱ_t) (≈0).")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps, x0)
+    return (1 - a) ** 0.5 * x0 + a**0.5 * noise
+
+
+@add_noise.trap("computed in float32 and cast to float16 at the end",
+                hint="diffusers casts ᾱ to the sample's dtype first, then takes the square roots in float16; "
+                     "do the same (alphas_cumprod.to(x0.dtype)) so the rounding matches.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = alphas_cumprod[timesteps].reshape((-1,) + (1,) * (x0.dim() - 1))
+    return (a**0.5 * x0.float() + (1 - a) ** 0.5 * noise.float()).to(x0.dtype)
+
+
+@add_noise.trap("β_t used where ᾱ_t belongs (one step's noise instead of the cumulative product)",
+                hint="alphas_cumprod already holds ᾱ_t; x_t jumps straight from x_0 to step t in one go.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    abar = alphas_cumprod.to(x0.dtype)
+    alphas = torch.cat([abar[:1], abar[1:] / abar[:-1]])
+    a = alphas[timesteps].reshape((-1,) + (1,) * (x0.dim() - 1))
+    return a**0.5 * x0 + (1 - a) ** 0.5 * noise
+
+
+velocity = Kata(
+    "velocity",
+    hints=(
+        "v is the noisy sample's direction turned by 90°: the same two coefficients, swapped roles, one sign.",
+        "v_t = √ᾱ_t·ε − √(1 − ᾱ_t)·x_0.",
+        "a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1)); "
+        "return a ** 0.5 * noise - (1 - a) ** 0.5 * x0",
+    ),
+    answer_key=tuple(f"{c}.get_velocity" for c in SCHEDULER_CLASSES),
+)
+
+
+@velocity.check("vs DDPMScheduler.get_velocity", cases=NOISE_CASES, tol=SCHEDULE)
+def _(case, g):
+    return noise_scenario(case, g, "get_velocity")
+
+
+@velocity.trap("the sign flipped: √(1 − ᾱ)·x_0 − √ᾱ·ε",
+               hint="v = √ᾱ·ε − √(1−ᾱ)·x_0: the noise term is positive.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps, x0)
+    return (1 - a) ** 0.5 * x0 - a**0.5 * noise
+
+
+@velocity.trap("x_0 and ε swapped: √ᾱ·x_0 − √(1 − ᾱ)·ε",
+               hint="In v the noise ε carries √ᾱ and the clean sample carries −√(1 − ᾱ).")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps, x0)
+    return a**0.5 * x0 - (1 - a) ** 0.5 * noise
+
+
+# ---- rescale_zero_terminal_snr ------------------------------------------------------------------------
+rescale_zero_terminal_snr = Kata(
+    "rescale_zero_terminal_snr",
+    hints=(
+        "Work on √ᾱ, not on β: move its curve down so it ends at 0, then stretch it so it starts where it did.",
+        "√ᾱ' = (√ᾱ − √ᾱ_last)·√ᾱ_0/(√ᾱ_0 − √ᾱ_last);  ᾱ' = (√ᾱ')²;  α'_t = ᾱ'_t/ᾱ'_{t−1} (α'_0 = ᾱ'_0);  β' = 1 − α'.",
+        "s = torch.cumprod(1 - betas, 0).sqrt(); s0, sT = s[0].clone(), s[-1].clone(); "
+        "s = (s - sT) * (s0 / (s0 - sT)); a = s ** 2; return 1 - torch.cat([a[:1], a[1:] / a[:-1]])",
+    ),
+    answer_key=("diffusers.schedulers.scheduling_ddpm.rescale_zero_terminal_snr",
+                "diffusers.schedulers.scheduling_ddim.rescale_zero_terminal_snr"),
+)
+
+
+@rescale_zero_terminal_snr.check("vs rescale_zero_terminal_snr",
+                                 cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
+                                        dict(schedule="linear", num_train_timesteps=64)], tol=SCHEDULE)
+def _(case, g):
+    s = scheduler(case["schedule"], num_train_timesteps=case.get("num_train_timesteps", 1000))
+    return Scenario(inputs=dict(betas=s.betas.clone()), expected=reference_zsnr(s.betas.clone()))
+
+
+@rescale_zero_terminal_snr.trap("shifted but not rescaled (ᾱ_0 moved too)",
+                                hint="After shifting √ᾱ so the last value is 0, scale it by √ᾱ_0/(√ᾱ_0 − √ᾱ_last).")
+def _(betas):
+    s = torch.cumprod(1 - betas, 0).sqrt()
+    s = s - s[-1].clone()
+    a = s**2
+    return 1 - torch.cat([a[:1], a[1:] / a[:-1]])
+
+
+@rescale_zero_terminal_snr.trap("shift and scale applied to ᾱ instead of √ᾱ",
+                                hint="The algorithm rescales √ᾱ (the signal coefficient), then squares it.")
+def _(betas):
+    a = torch.cumprod(1 - betas, 0)
+    a0, aT = a[0].clone(), a[-1].clone()
+    a = (a - aT) * (a0 / (a0 - aT))
+    return 1 - torch.cat([a[:1], a[1:] / a[:-1]])
+
+
+@rescale_zero_terminal_snr.trap("only the last β set to 1",
+                                hint="Zero terminal SNR changes the whole curve smoothly, not just the last step.")
+def _(betas):
+    out = betas.clone()
+    out[-1] = 1.0
+    return out

@@ -1,0 +1,444 @@
+"""Grader for lab 04 · Classifier-free guidance: combine, rescale, and one batched guided prediction.
+
+Every expected value comes from diffusers itself. Most are recorded live from a short run of a tiny
+random-weight StableDiffusionPipeline: wrappers around the UNet's forward, around scheduler.step and
+around the pipeline module's rescale_noise_cfg capture what the pipeline fed the UNet, what it got
+back, and the guided prediction it handed to the scheduler. rescale_noise_cfg is also called directly.
+"""
+import warnings
+
+import torch
+from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
+from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+
+from diffusion_katas.engine import tiny
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
+from diffusion_katas.core.tolerances import MODEL_FORWARD, STEP_MATH
+
+# Captured at import, before any answer-key lock can replace the module attribute.
+reference_rescale = sd_module.rescale_noise_cfg
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+SCHEDULERS = {
+    # "leading" spacing (+ the steps_offset=1 the pipeline sets): t = 667, 334, 1 for 3 steps.
+    "DDIM": lambda: DDIMScheduler(**SD_BETAS),
+    # "trailing" starts at t = 999, the noisiest input.
+    "DDIM trailing": lambda: DDIMScheduler(**SD_BETAS, timestep_spacing="trailing"),
+    # Euler's linspace timesteps run 999 … 0, and the pipeline divides the UNet input by √(σ²+1).
+    "Euler": lambda: EulerDiscreteScheduler(**SD_BETAS),
+}
+# Where learners would reach for the reference: the SD module, its SDXL copy, and the guiders.
+RESCALE_KEYS = (
+    "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.rescale_noise_cfg",
+    "diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl.rescale_noise_cfg",
+    "diffusers.guiders.guider_utils.rescale_noise_cfg",
+    "diffusers.guiders.classifier_free_guidance.rescale_noise_cfg",
+)
+PIPELINE_KEYS = (
+    "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",
+    "diffusers.guiders.classifier_free_guidance.ClassifierFreeGuidance.forward",
+)
+
+
+# ---- recording a pipeline run -----------------------------------------------------------------------
+def pipeline_run(case: dict, g: torch.Generator):
+    """Run the tiny SD pipeline once and record every step.
+
+    Returns (steps, unet, prompt_embeds, negative_prompt_embeds). Each step is a dict with
+    t (the timestep the UNet got), unet_input (the latents as the UNet saw them: doubled when guiding,
+    already scheduler-scaled), unet_output, step_input (the model_output scheduler.step received) and,
+    when the pipeline rescaled, rescale = (noise_cfg, noise_pred_text, guidance_rescale).
+    """
+    dtype = DTYPES[case.get("dtype", "float32")]
+    unet = tiny.unet_cond().requires_grad_(False)
+    if dtype == torch.float16:
+        unet = unet.half()  # nn.Module.half: ModelMixin.to would log a from_pretrained warning
+    pipe = tiny.sd_pipeline(SCHEDULERS[case["scheduler"]](), unet, tiny.vae())
+    B = case["batch"]
+    prompt_embeds = tiny.text_embeddings(B, g).to(dtype)
+    negative_prompt_embeds = tiny.text_embeddings(B, g).to(dtype)
+    seed = int(torch.randint(0, 2**31, (1,), generator=g))
+
+    steps: list[dict] = []
+    unet_forward, scheduler_step = unet.forward, pipe.scheduler.step
+
+    def recording_forward(sample, timestep, *args, **kwargs):
+        out = unet_forward(sample, timestep, *args, **kwargs)
+        steps.append(dict(t=timestep.clone(), unet_input=sample.clone(), unet_output=out[0].clone()))
+        return out
+
+    def recording_step(model_output, timestep, sample, *args, **kwargs):
+        steps[-1]["step_input"] = model_output.clone()
+        return scheduler_step(model_output, timestep, sample, *args, **kwargs)
+
+    def recording_rescale(noise_cfg, noise_pred_text, guidance_rescale=0.0):
+        steps[-1]["rescale"] = (noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale)
+        return reference_rescale(noise_cfg, noise_pred_text, guidance_rescale=guidance_rescale)
+
+    unet.forward, pipe.scheduler.step = recording_forward, recording_step
+    sd_module.rescale_noise_cfg = recording_rescale
+    try:
+        with warnings.catch_warnings():
+            # Euler's set_timesteps calls np.array on a tensor: numpy 2 warns about its copy keyword.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pipe(prompt_embeds=prompt_embeds.clone(), negative_prompt_embeds=negative_prompt_embeds.clone(),
+                 guidance_scale=case["guidance_scale"], guidance_rescale=case.get("guidance_rescale", 0.0),
+                 num_inference_steps=case.get("steps", 3), height=16, width=16, output_type="latent",
+                 generator=torch.Generator().manual_seed(seed))
+    finally:
+        del unet.forward, pipe.scheduler.step
+        sd_module.rescale_noise_cfg = reference_rescale
+    assert all("step_input" in s for s in steps), "the pipeline called the UNet without stepping"
+    return steps, unet, prompt_embeds, negative_prompt_embeds
+
+
+def step_label(i: int, steps: list, case: dict) -> str:
+    t = steps[i]["t"]
+    t = t.item() if isinstance(t, torch.Tensor) else t
+    return f"step {i + 1}/{len(steps)}, t={t:g}, guidance_scale={case['guidance_scale']}"
+
+
+# ---- guidance_combine ---------------------------------------------------------------------------------
+guidance_combine = Kata(
+    "guidance_combine",
+    hints=(
+        "Start from the unconditional prediction and move towards the text prediction; "
+        "guidance_scale says how far (1 = exactly to it, more = past it).",
+        "ε̂ = ε_u + s·(ε_c − ε_u). (Ho & Salimans write (1 + w)·ε_c − w·ε_u: diffusers' s is their 1 + w.)",
+        "return noise_uncond + guidance_scale * (noise_text - noise_uncond)",
+    ),
+    answer_key=PIPELINE_KEYS,
+)
+
+
+@guidance_combine.check(
+    "vs StableDiffusionPipeline, every step",
+    cases=[dict(scheduler="DDIM", batch=1, guidance_scale=7.5),
+           dict(scheduler="Euler", batch=2, guidance_scale=3.0),
+           dict(scheduler="DDIM trailing", batch=3, guidance_scale=12.0, dtype="float16"),
+           dict(scheduler="DDIM", batch=2, guidance_scale=1.0)],
+    tol=STEP_MATH)
+def _(case, g):
+    steps, unet, prompt_embeds, negative_prompt_embeds = pipeline_run(case, g)
+    scenarios = []
+    for i, s in enumerate(steps):
+        label = step_label(i, steps, case)
+        if case["guidance_scale"] > 1:
+            noise_uncond, noise_text = s["unet_output"].chunk(2)  # the pipeline's own split
+        else:
+            # At guidance_scale ≤ 1 the pipeline runs the text branch alone and steps with it; ask the
+            # same UNet the unconditional question on the same input to have both branches.
+            noise_text = s["unet_output"]
+            with torch.no_grad():
+                noise_uncond = unet(s["unet_input"], s["t"], encoder_hidden_states=negative_prompt_embeds).sample
+            label += " (no guidance: the pipeline steps with ε_c itself)"
+        scenarios.append(Scenario(
+            inputs=dict(noise_uncond=noise_uncond.clone(), noise_text=noise_text.clone(),
+                        guidance_scale=case["guidance_scale"]),
+            expected=s["step_input"], label=label))
+    return scenarios
+
+
+@guidance_combine.trap("branches swapped: ε_c + s·(ε_u − ε_c)",
+                       hint="The base is the UNCONDITIONAL prediction; guidance moves from it towards the "
+                            "text prediction: ε_u + s·(ε_c − ε_u). Swapped, it steers away from the prompt.")
+def _(noise_uncond, noise_text, guidance_scale):
+    return noise_text + guidance_scale * (noise_uncond - noise_text)
+
+
+@guidance_combine.trap("the paper's form ε_c + s·(ε_c − ε_u) with diffusers' scale",
+                       hint="Ho & Salimans' (1 + w)·ε_c − w·ε_u = ε_c + w·(ε_c − ε_u) uses w = s − 1. With "
+                            "diffusers' guidance_scale s, start from ε_u: ε_u + s·(ε_c − ε_u).")
+def _(noise_uncond, noise_text, guidance_scale):
+    return noise_text + guidance_scale * (noise_text - noise_uncond)
+
+
+@guidance_combine.trap("ε_u + s·ε_c (the difference ε_c − ε_u is missing)",
+                       hint="Guidance scales the DIFFERENCE the prompt makes, ε_c − ε_u, not ε_c itself.")
+def _(noise_uncond, noise_text, guidance_scale):
+    return noise_uncond + guidance_scale * noise_text
+
+
+@guidance_combine.trap("s·(ε_c − ε_u) without the ε_u base",
+                       hint="The difference is a direction; add it to the unconditional prediction: ε_u + s·(ε_c − ε_u).")
+def _(noise_uncond, noise_text, guidance_scale):
+    return guidance_scale * (noise_text - noise_uncond)
+
+
+@guidance_combine.trap("ε_u + s·ε_c − ε_u (parentheses missing: only the text branch is scaled)",
+                       hint="Without parentheses ε_u cancels and you return s·ε_c. Write s * (ε_c − ε_u).")
+def _(noise_uncond, noise_text, guidance_scale):
+    return noise_uncond + guidance_scale * noise_text - noise_uncond
+
+
+@guidance_combine.trap("(1 − s)·ε_u + s·ε_c: equal in exact math, but float16 cancels two large terms",
+                       hint="At s = 12 both terms are ~12× the answer and float16 rounds each to ~3 digits "
+                            "before they cancel. ε_u + s·(ε_c − ε_u) scales the small difference instead; "
+                            "it is also what the pipeline computes.")
+def _(noise_uncond, noise_text, guidance_scale):
+    return (1 - guidance_scale) * noise_uncond + guidance_scale * noise_text
+
+
+# ---- rescale_guidance ----------------------------------------------------------------------------------
+rescale_guidance = Kata(
+    "rescale_guidance",
+    hints=(
+        "Give each guided sample the standard deviation of its text prediction, then blend that with "
+        "the guided prediction by guidance_rescale.",
+        "σ per sample over dims 1…n (keepdim); rescaled = ε̂·σ(ε_c)/σ(ε̂); "
+        "result = φ·rescaled + (1 − φ)·ε̂.",
+        "dims = list(range(1, noise_cfg.ndim)); r = noise_cfg * (noise_text.std(dim=dims, keepdim=True) "
+        "/ noise_cfg.std(dim=dims, keepdim=True)); "
+        "return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg",
+    ),
+    answer_key=RESCALE_KEYS + PIPELINE_KEYS,
+)
+
+
+@rescale_guidance.check(
+    "vs rescale_noise_cfg",
+    cases=[dict(shape=(4, 4, 8, 8), guidance_rescale=0.7),
+           dict(shape=(2, 4, 16, 16), guidance_rescale=1.0),
+           dict(shape=(3, 64, 16), guidance_rescale=0.3),  # a transformer's (B, tokens, D) prediction
+           dict(shape=(3, 4, 8, 8), guidance_rescale=0.7, dtype="float16")],
+    tol=STEP_MATH)
+def _(case, g):
+    dtype = DTYPES[case.get("dtype", "float32")]
+    shape, B = case["shape"], case["shape"][0]
+    per_sample = (B,) + (1,) * (len(shape) - 1)
+    # Predictions at different scales per sample, and a guided one inflated by a per-sample scale s:
+    # one σ for the whole batch is then clearly wrong.
+    scale = torch.empty(per_sample).uniform_(0.5, 2.0, generator=g)
+    noise_text = scale * torch.randn(shape, generator=g)
+    noise_uncond = noise_text + 0.5 * scale * torch.randn(shape, generator=g)
+    s = torch.empty(per_sample).uniform_(2.0, 12.0, generator=g)
+    noise_cfg = noise_uncond + s * (noise_text - noise_uncond)
+    noise_cfg, noise_text = noise_cfg.to(dtype), noise_text.to(dtype)
+    return Scenario(
+        inputs=dict(noise_cfg=noise_cfg, noise_text=noise_text, guidance_rescale=case["guidance_rescale"]),
+        expected=reference_rescale(noise_cfg.clone(), noise_text.clone(), guidance_rescale=case["guidance_rescale"]))
+
+
+@rescale_guidance.check(
+    "vs StableDiffusionPipeline, rescale on",
+    cases=[dict(scheduler="DDIM", batch=2, guidance_scale=7.5, guidance_rescale=0.7),
+           dict(scheduler="Euler", batch=3, guidance_scale=5.0, guidance_rescale=0.5, dtype="float16")],
+    tol=STEP_MATH)
+def _(case, g):
+    steps, *_ = pipeline_run(case, g)
+    scenarios = []
+    for i, s in enumerate(steps):
+        noise_cfg, noise_text, phi = s["rescale"]  # what the pipeline handed to rescale_noise_cfg
+        scenarios.append(Scenario(
+            inputs=dict(noise_cfg=noise_cfg, noise_text=noise_text, guidance_rescale=phi),
+            expected=s["step_input"], label=step_label(i, steps, case) + f", guidance_rescale={phi}"))
+    return scenarios
+
+
+def _std(x, dims):
+    return x.std(dim=dims, keepdim=True)
+
+
+def _per_sample_dims(x):
+    return list(range(1, x.ndim))
+
+
+@rescale_guidance.trap("one σ for the whole batch instead of one per sample",
+                       hint="Reduce over every dim but the batch (dims 1…n, keepdim=True): each sample "
+                            "keeps its own scale, σ has shape (B, 1, 1, 1).")
+def _(noise_cfg, noise_text, guidance_rescale):
+    r = noise_cfg * (noise_text.std() / noise_cfg.std())
+    return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+
+
+@rescale_guidance.trap("σ per sample AND channel (dims 2…n) instead of per sample",
+                       hint="diffusers takes one σ per sample over ALL its other dims: range(1, ndim).")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = list(range(2, noise_cfg.ndim))
+    r = noise_cfg * (_std(noise_text, dims) / _std(noise_cfg, dims))
+    return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+
+
+@rescale_guidance.trap("the rescaled prediction returned without the φ blend",
+                       hint="Blend: φ·rescaled + (1 − φ)·noise_cfg. φ = 1 keeps only the rescaled "
+                            "prediction, φ = 0 none of it.")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = _per_sample_dims(noise_cfg)
+    return noise_cfg * (_std(noise_text, dims) / _std(noise_cfg, dims))
+
+
+@rescale_guidance.trap("φ·rescaled + noise_cfg (the (1 − φ) weight is missing)",
+                       hint="The two weights add to 1: φ·rescaled + (1 − φ)·noise_cfg.")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = _per_sample_dims(noise_cfg)
+    return guidance_rescale * noise_cfg * (_std(noise_text, dims) / _std(noise_cfg, dims)) + noise_cfg
+
+
+@rescale_guidance.trap("blended with noise_text instead of noise_cfg",
+                       hint="The (1 − φ) part is the guided prediction noise_cfg itself, not the text one.")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = _per_sample_dims(noise_cfg)
+    r = noise_cfg * (_std(noise_text, dims) / _std(noise_cfg, dims))
+    return guidance_rescale * r + (1 - guidance_rescale) * noise_text
+
+
+@rescale_guidance.trap("the ratio upside down: σ(ε̂)/σ(ε_c)",
+                       hint="Rescale TOWARDS the text prediction's scale: multiply by σ(noise_text)/σ(noise_cfg).")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = _per_sample_dims(noise_cfg)
+    r = noise_cfg * (_std(noise_cfg, dims) / _std(noise_text, dims))
+    return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+
+
+# ---- guided_noise ---------------------------------------------------------------------------------------
+class CountingUNet(torch.nn.Module):
+    """The tiny UNet, counting the calls made through it and the batch size of each.
+
+    Attribute access (config, dtype, device, ...) falls through to the wrapped UNet2DConditionModel.
+    """
+
+    def __init__(self, unet):
+        super().__init__()
+        self.denoiser = unet
+        self.batch_sizes: list[int] = []
+
+    def forward(self, *args, **kwargs):
+        sample = args[0] if args else kwargs.get("sample")
+        self.batch_sizes.append(int(sample.shape[0]) if isinstance(sample, torch.Tensor) else -1)
+        return self.denoiser(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_modules"]["denoiser"], name)
+
+    def __repr__(self):
+        return "UNet2DConditionModel(tiny, random weights; calls counted)"
+
+
+def one_batched_call(counter: CountingUNet, B: int, guidance_scale: float):
+    """A Scenario.verify: exactly one denoiser call, on 2B samples (or on B when there is no guidance)."""
+
+    def verify(_output):
+        seen = counter.batch_sizes
+        allowed = [2 * B] if guidance_scale > 1 else [B, 2 * B]
+        if len(seen) == 1 and seen[0] in allowed:
+            return
+        calls = f"{len(seen)} call{'s' if len(seen) != 1 else ''}"
+        sizes = f" with batch sizes {seen}" if seen else ""
+        if guidance_scale > 1:
+            want = (f"exactly one call on the doubled batch of {2 * B} (2·B, B = {B}): both branches in one "
+                    "forward, latents torch.cat([latents, latents]) and conditioning "
+                    "torch.cat([negative_prompt_embeds, prompt_embeds]), then .chunk(2).")
+        else:
+            want = (f"one call: at guidance_scale ≤ 1 the pipeline runs the text branch alone on batch {B} "
+                    f"(one call on {2 * B} is accepted too).")
+        raise KataFailure(f"  `guided_noise` made {calls} to the denoiser{sizes} for one step; expected {want}")
+
+    return verify
+
+
+guided_noise = Kata(
+    "guided_noise",
+    hints=(
+        "Ask both questions in one batch: the latents twice, the negative embeddings first and the prompt "
+        "embeddings second. Then split the output in the same order and use your two functions above.",
+        "x = cat([z, z]); c = cat([c_neg, c_pos]); ε = unet(x, t, encoder_hidden_states=c).sample; "
+        "ε_u, ε_c = ε.chunk(2); ε̂ = guidance_combine(ε_u, ε_c, s); if φ > 0: rescale_guidance(ε̂, ε_c, φ). "
+        "At s ≤ 1 the pipeline skips guidance: text_noise(...) alone.",
+        "noise = unet(torch.cat([latents] * 2), timestep, encoder_hidden_states=torch.cat("
+        "[negative_prompt_embeds, prompt_embeds])).sample; noise_uncond, noise_text = noise.chunk(2)",
+    ),
+    answer_key=PIPELINE_KEYS + RESCALE_KEYS,
+)
+
+
+@guided_noise.check(
+    "vs StableDiffusionPipeline, every step",
+    cases=[dict(scheduler="DDIM", batch=1, guidance_scale=7.5),
+           dict(scheduler="DDIM trailing", batch=2, guidance_scale=5.0, guidance_rescale=0.7),
+           dict(scheduler="Euler", batch=2, guidance_scale=7.5),
+           dict(scheduler="Euler", batch=1, guidance_scale=4.0, guidance_rescale=0.5, dtype="float16"),
+           dict(scheduler="DDIM", batch=2, guidance_scale=1.0)],
+    tol=MODEL_FORWARD)
+def _(case, g):
+    steps, unet, prompt_embeds, negative_prompt_embeds = pipeline_run(case, g)
+    B, gs = case["batch"], case["guidance_scale"]
+    scenarios = []
+    for i, s in enumerate(steps):
+        counter = CountingUNet(unet)
+        scenarios.append(Scenario(
+            inputs=dict(unet=counter, latents=s["unet_input"][:B].clone(), timestep=s["t"],
+                        prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds,
+                        guidance_scale=gs, guidance_rescale=case.get("guidance_rescale", 0.0)),
+            expected=s["step_input"],
+            label=step_label(i, steps, case)
+            + (", latents already ÷√(σ²+1)" if case["scheduler"] == "Euler" else ""),
+            verify=one_batched_call(counter, B, gs)))
+    return scenarios
+
+
+def _branches(unet, latents, timestep, first, second):
+    out = unet(torch.cat([latents, latents]), timestep, encoder_hidden_states=torch.cat([first, second])).sample
+    return out.chunk(2)
+
+
+@guided_noise.trap("conditioning batch built text-first (or chunks read in the wrong order)",
+                   hint="diffusers puts the unconditional half FIRST: encoder_hidden_states = "
+                        "torch.cat([negative_prompt_embeds, prompt_embeds]), and .chunk(2) gives "
+                        "(uncond, text) in that order.")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    noise_text, noise_uncond = _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)
+    guided = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+    if guidance_rescale > 0:
+        guided = reference_rescale(guided, noise_text, guidance_rescale)
+    return guided
+
+
+@guided_noise.trap("guidance_rescale ignored",
+                   hint="When guidance_rescale > 0, pass the guided prediction and the TEXT prediction to "
+                        "rescale_guidance before returning.")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    noise_uncond, noise_text = _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)
+    return noise_uncond + guidance_scale * (noise_text - noise_uncond)
+
+
+@guided_noise.trap("rescaled towards the unconditional prediction's σ",
+                   hint="Rescale matches the TEXT prediction's standard deviation: "
+                        "rescale_guidance(guided, noise_text, guidance_rescale).")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    noise_uncond, noise_text = _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)
+    guided = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+    if guidance_rescale > 0:
+        guided = reference_rescale(guided, noise_uncond, guidance_rescale)
+    return guided
+
+
+@guided_noise.trap("the text prediction alone (no guidance applied)",
+                   hint="With guidance_scale > 1 combine both halves: ε_u + s·(ε_c − ε_u).")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    return _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)[1]
+
+
+# ---- budget --------------------------------------------------------------------------------------------
+@guided_noise.budget("one batched denoiser call per step")
+def _(learner, g):
+    from diffusion_katas.core.spec import Measurement
+
+    B, steps = 2, 4
+    counter = CountingUNet(tiny.unet_cond().requires_grad_(False))
+    prompt, negative = tiny.text_embeddings(B, g), tiny.text_embeddings(B, g)
+    for t in torch.linspace(999, 1, steps).long():
+        latents = torch.randn((B, tiny.LATENT_CHANNELS, 8, 8), generator=g)
+        learner(unet=counter, latents=latents, timestep=t, prompt_embeds=prompt,
+                negative_prompt_embeds=negative, guidance_scale=7.5, guidance_rescale=0.0)
+    return [
+        Measurement(f"denoiser calls over {steps} guided steps", len(counter.batch_sizes), steps, "calls",
+                    "one call per step: both branches ride in one batch of 2B (the UNet's cost per step "
+                    "is set by its calls; two calls of B pay the launch and weight traffic twice)"),
+        Measurement("smallest batch the denoiser saw", -min(counter.batch_sizes, default=0), -2 * B, "",
+                    f"every call carries the doubled batch of 2B = {2 * B} (shown negated: at least {2 * B})"),
+    ]

@@ -1,0 +1,403 @@
+"""Grader for lab 11 · Memory: blend_seam, tiled_decode, sliced_decode, chunked_attention, and budgets.
+
+Correctness is graded against AutoencoderKL.tiled_decode (never untiled decode: with random weights
+the two differ by 0.8-3.5), AutoencoderKL.decode with slicing, and scaled_dot_product_attention.
+Budgets use deterministic meters (live tensor bytes, FLOPs) on any machine; the `cuda` ones time and
+measure an SD-sized VAE against diffusers' own tiled_decode on the same GPU.
+"""
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffusion_katas.engine import tiny
+from diffusion_katas.engine.meters import cuda_peak_bytes, cuda_time_ms, flops, peak_bytes
+from diffusion_katas.core.spec import Kata, Measurement, Scenario
+from diffusion_katas.core.tolerances import MODEL_FORWARD, STEP_MATH, TILE_BLEND
+
+VAE_KEYS = tuple(f"diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL.{m}"
+                 for m in ("tiled_decode", "decode", "_decode", "forward", "blend_v", "blend_h"))
+
+
+@functools.cache
+def _vae8():
+    """The x8 tiny VAE (SD's 8 pixels per latent), built once: its weights come from a fixed seed."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(20240611)
+    vae = tiny.vae(downsample=8, sample_size=64)
+    torch.random.set_rng_state(state)
+    return vae
+
+
+def configure_tiling(vae, tile_latent_size, overlap_factor):
+    vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+    vae.tile_latent_min_size = tile_latent_size
+    vae.tile_sample_min_size = tile_latent_size * vsf
+    vae.tile_overlap_factor = overlap_factor
+
+
+def difference_png(expected, name):
+    """A writer for Scenario.on_mismatch: |yours - reference| of sample 0 as a PNG (seams show as lines)."""
+
+    def write(actual, folder: Path) -> str:
+        from PIL import Image
+
+        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+            return "(no difference image: the shapes differ)"
+        diff = (actual[0].float() - expected[0].float()).abs().amax(dim=0)  # (H, W)
+        scaled = (diff / diff.max().clamp_min(1e-12) * 255).round().to(torch.uint8)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
+        Image.fromarray(scaled.numpy(), mode="L").save(path)
+        return f"difference image (white = largest |yours − reference|, seams show as lines): {path}"
+
+    return write
+
+
+# ---- blend_seam ---------------------------------------------------------------------------------------
+blend_seam = Kata(
+    "blend_seam",
+    hints=(
+        "The first E slices of `second` fade from `first`'s last E slices into `second` itself.",
+        "out[y] = first[−E + y]·(1 − y/E) + second[y]·(y/E) for y < E = min(both sizes, extent); "
+        "everything else is `second` unchanged.",
+        "out = second.clone(); for y in range(E): w = y / E; out.select(dim, y).copy_("
+        "first.select(dim, first.shape[dim] - E + y) * (1 - w) + second.select(dim, y) * w)",
+    ),
+    answer_key=VAE_KEYS,
+)
+
+
+@blend_seam.check("vs AutoencoderKL.blend_v and blend_h",
+                  cases=[dict(dim=2, extent=16, sizes=(64, 64)), dict(dim=3, extent=16, sizes=(64, 40)),
+                         dict(dim=2, extent=16, sizes=(8, 64)), dict(dim=3, extent=0, sizes=(64, 64)),
+                         dict(dim=3, extent=5, sizes=(24, 24))], tol=TILE_BLEND)
+def _(case, g):
+    vae = _vae8()
+    a_size, b_size = case["sizes"]
+    shape_a = (2, 3, a_size, 32) if case["dim"] == 2 else (2, 3, 32, a_size)
+    shape_b = (2, 3, b_size, 32) if case["dim"] == 2 else (2, 3, 32, b_size)
+    a, b = torch.randn(shape_a, generator=g), torch.randn(shape_b, generator=g)
+    blend = vae.blend_v if case["dim"] == 2 else vae.blend_h
+    expected = blend(a.clone(), b.clone(), case["extent"])
+    return Scenario(inputs=dict(first=a, second=b, extent=case["extent"], dim=case["dim"]), expected=expected)
+
+
+@blend_seam.trap("the weights run the wrong way (second fades into first)",
+                 hint="At y = 0 the seam is all `first` (weight 1 − 0/E = 1); by y = E−1 it is almost all `second`.")
+def _(first, second, extent, dim):
+    e = min(first.shape[dim], second.shape[dim], extent)
+    out = second.clone()
+    for y in range(e):
+        w = y / e
+        out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * w + second.select(dim, y) * (1 - w))
+    return out
+
+
+@blend_seam.trap("blended with `first`'s leading edge instead of its trailing edge",
+                 hint="The tile above ends where this one starts: use first's LAST E slices (index −E + y).")
+def _(first, second, extent, dim):
+    e = min(first.shape[dim], second.shape[dim], extent)
+    out = second.clone()
+    for y in range(e):
+        w = y / e
+        out.select(dim, y).copy_(first.select(dim, y) * (1 - w) + second.select(dim, y) * w)
+    return out
+
+
+# ---- tiled_decode --------------------------------------------------------------------------------------
+tiled_decode = Kata(
+    "tiled_decode",
+    hints=(
+        "Walk latent tiles of size t at a stride of int(t·(1 − overlap)); decode each, blend it into the "
+        "tile above and the tile to its left (already blended), and keep its top-left t·vsf − E pixels.",
+        "vsf = 2**(len(block_out_channels) − 1); E = int(t·vsf·overlap); keep = t·vsf − E. Tile (i, j) is "
+        "decoder(post_quant_conv(z[:, :, i:i+t, j:j+t])); blend_seam(above, tile, E, 2), then "
+        "blend_seam(left, tile, E, 3); out[y0:y0+h, x0:x0+w] = tile[:, :, :keep, :keep].",
+        "For the budget, keep only what the next blends read: the tile above's last E rows "
+        "(tile[:, :, -E:, :].clone()) per column, and the left tile's last E columns; write crops into "
+        "an output allocated once (sizes: sum over tiles of min(keep, tile pixels)).",
+    ),
+    answer_key=VAE_KEYS,
+)
+
+TILE_CASES = [
+    dict(latent=(24, 24), tile=8, overlap=0.25, batch=1),
+    dict(latent=(13, 21), tile=8, overlap=0.25, batch=2),
+    dict(latent=(17, 17), tile=6, overlap=0.5, batch=1),
+    dict(latent=(21, 11), tile=8, overlap=0.3, batch=1),
+    dict(latent=(8, 8), tile=8, overlap=0.25, batch=2),
+]
+
+
+@tiled_decode.check("vs AutoencoderKL.tiled_decode", cases=TILE_CASES, tol=TILE_BLEND)
+def _(case, g):
+    vae = _vae8()
+    configure_tiling(vae, case["tile"], case["overlap"])
+    z = torch.randn((case["batch"], 4) + case["latent"], generator=g)
+    with torch.no_grad():
+        expected = vae.tiled_decode(z).sample
+    name = f"tiled_decode-{case['latent'][0]}x{case['latent'][1]}-t{case['tile']}-o{case['overlap']}"
+    return Scenario(inputs=dict(vae=vae, latents=z, tile_latent_size=case["tile"],
+                                overlap_factor=case["overlap"]),
+                    expected=expected, on_mismatch=difference_png(expected, name))
+
+
+def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False):
+    """A whole-tile tiled decode with switches for the traps (fresh_neighbours: blend against
+    neighbours as decoded, before their own blending)."""
+    vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+    stride, e = int(t * (1 - overlap)), int(t * vsf * overlap)
+    keep = t * vsf - e
+    decoded = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+                for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
+    raw = [[tile.clone() for tile in row] for row in decoded]
+    rows = []
+    for i, row in enumerate(decoded):
+        for j in range(len(row)):
+            src = raw if fresh_neighbours else decoded
+            if i > 0 and blend_above:
+                row[j] = vae.blend_v(src[i - 1][j], row[j], e)
+            if j > 0 and blend_left:
+                row[j] = vae.blend_h(src[i][j - 1], row[j], e)
+        rows.append(torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3))
+    return torch.cat(rows, dim=2)
+
+
+@tiled_decode.trap("blended against neighbours that were not blended yet",
+                   hint="diffusers blends in place: the tile above and the tile to the left are already "
+                        "blended when this tile reads them. Keep the blended versions (or their seam strips).")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, fresh_neighbours=True)
+
+
+@tiled_decode.trap("tiles cropped and placed without blending (seams)",
+                   hint="Each tile's first E rows and columns fade in from its neighbours: call blend_seam "
+                        "with the tile above (dim 2), then with the tile to the left (dim 3).")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, blend_above=False, blend_left=False)
+
+
+@tiled_decode.trap("only the horizontal seams blended (the tile above is ignored)",
+                   hint="Blend twice: with the tile above along rows (dim 2), then with the left one (dim 3).")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, blend_above=False)
+
+
+def _tiled_bytes(learner, vae, n, g):
+    z = torch.randn((1, 4, n, n), generator=g)
+    peak, out = learner.measure(peak_bytes, vae=vae, latents=z, tile_latent_size=8, overlap_factor=0.25)
+    return peak, out.numel() * out.element_size()
+
+
+@tiled_decode.budget("peak bytes flat as the image grows")
+def _(learner, g):
+    vae = _vae8()
+    configure_tiling(vae, 8, 0.25)
+    small, small_out = _tiled_bytes(learner, vae, 24, g)
+    large, large_out = _tiled_bytes(learner, vae, 48, g)
+    z = torch.randn((1, 4, 48, 48), generator=g)
+    untiled, _ = peak_bytes(lambda: vae.decoder(vae.post_quant_conv(z)))
+    return [
+        Measurement("working set (peak minus the output) at 384² px", large - large_out,
+                    1.25 * (small - small_out), "bytes",
+                    "1.25x the working set at 192² px: one tile's activations plus seam strips do not "
+                    "grow with the image (holding every decoded tile, as diffusers does, grows ~4x)", ),
+        Measurement("peak live bytes at 384² px", large, 0.2 * untiled, "bytes",
+                    f"0.2x untiled decode's peak at the same size ({untiled / 2**20:.2f} MiB); diffusers' "
+                    "own tiled_decode sits at 0.28x because it keeps every tile"),
+    ]
+
+
+@tiled_decode.budget("FLOPs of one pass over the tiles")
+def _(learner, g):
+    vae = _vae8()
+    configure_tiling(vae, 8, 0.25)
+    z = torch.randn((1, 4, 40, 40), generator=g)
+    mine, _ = learner.measure(flops, vae=vae, latents=z, tile_latent_size=8, overlap_factor=0.25)
+    reference, _ = flops(lambda: vae.tiled_decode(z).sample)
+    untiled, _ = flops(lambda: vae.decoder(vae.post_quant_conv(z)))
+    return [
+        Measurement("FLOPs at 40×40 latents", mine, reference, "FLOPs",
+                    "diffusers' tiled_decode on the same tiles: each tile decoded once"),
+        Measurement("FLOPs relative to untiled decode", mine / untiled, (1 / (1 - 0.25)) ** 2, "x",
+                    "tiles of t at stride t·(1−o) cover each pixel (1/(1−o))² = 1.78 times at most; "
+                    "(1+o)² = 1.56 holds only for small images (diffusers itself measures 1.67 at 48²)"),
+    ]
+
+
+@functools.cache
+def _sd_vae_cuda():
+    """An SD-sized AutoencoderKL (83M parameters, random weights), float16 on the GPU."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512),
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        layers_per_block=2, norm_num_groups=32, sample_size=512)
+    return vae.to("cuda", torch.float16).eval()
+
+
+def _gpu_budget(learner, g, pixels):
+    vae = _sd_vae_cuda()
+    configure_tiling(vae, 64, 0.25)
+    z = torch.randn((1, 4, pixels // 8, pixels // 8), generator=g).to("cuda", torch.float16)
+    kwargs = dict(vae=vae, latents=z, tile_latent_size=64, overlap_factor=0.25)
+    reference_ms = cuda_time_ms(lambda: vae.tiled_decode(z).sample)
+    mine_ms, _ = learner.measure(cuda_time_ms, **kwargs)
+    reference_bytes = cuda_peak_bytes(lambda: vae.tiled_decode(z).sample)
+    mine_bytes, _ = learner.measure(cuda_peak_bytes, **kwargs)
+    return [
+        Measurement(f"time at {pixels}² px relative to diffusers' tiled_decode", mine_ms / reference_ms, 1.5, "x",
+                    f"CUDA events, median of 5 after 2 warm-ups; diffusers took {reference_ms:.1f} ms. The same "
+                    "tiles through the same decoder: 1.5x leaves room for the blending loop's launches"),
+        Measurement(f"peak CUDA memory at {pixels}² px relative to diffusers' tiled_decode",
+                    mine_bytes / reference_bytes, 1.0, "x",
+                    f"diffusers peaked at {reference_bytes / 2**20:.0f} MiB above baseline holding every "
+                    "decoded tile; a decode that keeps only seam strips should not exceed it"),
+    ]
+
+
+@tiled_decode.budget("SD VAE on a GPU at 1024²", marks=(pytest.mark.cuda,))
+def _(learner, g):
+    return _gpu_budget(learner, g, 1024)
+
+
+@tiled_decode.budget("SD VAE on a GPU at 2048²", marks=(pytest.mark.cuda,))
+def _(learner, g):
+    return _gpu_budget(learner, g, 2048)
+
+
+# ---- sliced_decode -------------------------------------------------------------------------------------
+sliced_decode = Kata(
+    "sliced_decode",
+    hints=(
+        "Decode one sample at a time: the decoder's activations then exist for one image, not the batch.",
+        "out[b] = decoder(post_quant_conv(latents[b:b+1])) for each b; the batch dimension stays (1, …).",
+        "for b in range(B): img = vae.decoder(vae.post_quant_conv(latents[b:b+1])); "
+        "out = img.new_empty((B,) + img.shape[1:]) the first time; out[b:b+1] = img",
+    ),
+    answer_key=VAE_KEYS,
+)
+
+
+@sliced_decode.check("vs AutoencoderKL.decode with slicing",
+                     cases=[dict(batch=3, latent=(8, 8)), dict(batch=2, latent=(5, 7)), dict(batch=1, latent=(6, 6))],
+                     tol=MODEL_FORWARD)
+def _(case, g):
+    vae = _vae8()
+    vae.disable_tiling()
+    z = torch.randn((case["batch"], 4) + case["latent"], generator=g)
+    vae.enable_slicing()
+    try:
+        with torch.no_grad():
+            expected = vae.decode(z).sample
+    finally:
+        vae.disable_slicing()
+    return Scenario(inputs=dict(vae=vae, latents=z), expected=expected)
+
+
+@sliced_decode.trap("post_quant_conv skipped",
+                    hint="decode() runs post_quant_conv before the decoder when config.use_post_quant_conv is set.")
+@torch.no_grad()
+def _(vae, latents):
+    return torch.cat([vae.decoder(latents[b:b + 1]) for b in range(latents.shape[0])])
+
+
+@sliced_decode.budget("peak bytes of one sample at a time")
+def _(learner, g):
+    vae = _vae8()
+    z = torch.randn((4, 4, 16, 16), generator=g)
+    mine, _ = learner.measure(peak_bytes, vae=vae, latents=z)
+    batched, _ = peak_bytes(lambda: vae.decoder(vae.post_quant_conv(z)))
+    return [Measurement("peak live bytes, batch of 4 at 128² px", mine, 0.5 * batched, "bytes",
+                        f"0.5x decoding the whole batch at once ({batched / 2**20:.2f} MiB): one sample's "
+                        "activations plus the output (diffusers' slicing measures 0.31x)")]
+
+
+# ---- chunked_attention ---------------------------------------------------------------------------------
+chunked_attention = Kata(
+    "chunked_attention",
+    hints=(
+        "Split the QUERIES into blocks: each query's softmax needs every key, so a block of queries "
+        "is a self-contained attention problem.",
+        "For rows q0:q1: S = Q[q0:q1] Kᵀ·s (s = 1/√d), S += mask (or −inf where a bool mask is False), "
+        "P = softmax(S, dim=−1), out[q0:q1] = P V.",
+        "out = query.new_empty(...); for a in range(0, Lq, chunk_size): scores = query[..., a:a+chunk_size, :] "
+        "@ key.transpose(-2, -1) * s; ...; out[..., a:a+chunk_size, :] = scores.softmax(-1) @ value",
+    ),
+    answer_key=("torch.nn.functional.scaled_dot_product_attention",),
+)
+
+ATTN_CASES = [
+    dict(shape=(2, 4, 64, 64, 16), chunk=16, mask=None),
+    dict(shape=(1, 2, 50, 77, 8), chunk=7, mask="bool"),
+    dict(shape=(2, 1, 33, 33, 4), chunk=1, mask="float"),
+    dict(shape=(1, 3, 40, 20, 8), chunk=64, mask="bool-keys", scale=0.3),
+]
+
+
+@chunked_attention.check("vs F.scaled_dot_product_attention", cases=ATTN_CASES, tol=STEP_MATH)
+def _(case, g):
+    b, h, lq, lk, d = case["shape"]
+    q, k, v = (torch.randn(s, generator=g) for s in ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d)))
+    mask = None
+    if case["mask"] == "bool":
+        mask = torch.rand((b, 1, lq, lk), generator=g) > 0.3
+        mask[..., 0] = True  # every query keeps a key: an all-masked row is NaN in any implementation
+    elif case["mask"] == "bool-keys":
+        mask = torch.rand((1, 1, 1, lk), generator=g) > 0.5
+        mask[..., 0] = True
+    elif case["mask"] == "float":
+        mask = torch.randn((1, 1, lq, lk), generator=g)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.get("scale"))
+    return Scenario(inputs=dict(query=q, key=k, value=v, chunk_size=case["chunk"], attn_mask=mask,
+                                scale=case.get("scale")), expected=expected)
+
+
+def _naive(query, key, value, attn_mask, scale, softmax):
+    s = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = query @ key.transpose(-2, -1) * s
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return softmax(scores) @ value
+
+
+@chunked_attention.trap("keys chunked, each chunk's softmax normalised on its own",
+                        hint="A softmax row needs all of its keys: chunk over queries, not keys (or carry "
+                             "running max and sum, as flash attention does).")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    out = 0
+    for a in range(0, key.shape[-2], chunk_size):
+        m = None if attn_mask is None else attn_mask.expand(query.shape[:-2] + (query.shape[-2], key.shape[-2]))[..., a:a + chunk_size]
+        out = out + _naive(query, key[..., a:a + chunk_size, :], value[..., a:a + chunk_size, :], m, scale,
+                           lambda s: s.softmax(-1))
+    return out
+
+
+@chunked_attention.trap("the 1/√d scale is missing",
+                        hint="Scores are Q Kᵀ/√d unless a scale is given: without it the softmax is far too peaked.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, 1.0 if scale is None else scale, lambda s: s.softmax(-1))
+
+
+@chunked_attention.trap("softmax over the query axis instead of the key axis",
+                        hint="Each query's weights over the keys sum to 1: softmax(dim=−1).")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-2))
+
+
+@chunked_attention.budget("peak bytes under the naive score matrix")
+def _(learner, g):
+    q, k, v = (torch.randn((2, 4, n, 16), generator=g) for n in (256, 300, 300))
+    mine, _ = learner.measure(peak_bytes, query=q, key=k, value=v, chunk_size=32, attn_mask=None, scale=None)
+    naive, _ = peak_bytes(lambda: (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v)
+    return [Measurement("peak live bytes, 256 queries × 300 keys in chunks of 32", mine, 0.35 * naive, "bytes",
+                        f"0.35x the naive softmax(QKᵀ)V ({naive / 2**20:.2f} MiB): a few (chunk, Lk) score "
+                        "buffers instead of the whole (Lq, Lk) matrix (the solution measures 0.26x)")]

@@ -1,0 +1,305 @@
+"""Grader for lab 12 · End-to-end inference trace: denoise, text_to_image, inference_trace.
+
+Every expected value comes from one call of a tiny StableDiffusionPipeline (prompt_embeds and
+negative_prompt_embeds; nothing downloaded). Hooks record what the pipeline's own components see:
+prepare_latents' result and the generator's state after it, the UNet's inputs and outputs, what
+scheduler.step receives, and the decoder's output.
+"""
+import copy
+import functools
+import warnings
+
+import torch
+from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+
+from diffusion_katas.engine import tiny
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import EXACT, MODEL_FORWARD
+
+SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+SCHEDULERS = {
+    "DDIM": lambda: DDIMScheduler(**SD_BETAS),
+    # "leading" spacing: init_noise_sigma depends on set_timesteps (157.4 before, ~26 after)
+    "Euler leading": lambda: EulerDiscreteScheduler(**SD_BETAS, timestep_spacing="leading"),
+}
+PIPELINE_KEYS = ("diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",)
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@functools.cache
+def _models(dtype_name: str):
+    """The tiny UNet and VAE, built once per dtype from a fixed seed (the pipeline does not train them)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(1234)
+    unet, vae = tiny.unet_cond(), tiny.vae()
+    torch.random.set_rng_state(state)
+    if dtype_name == "float16":
+        unet, vae = unet.half(), vae.half()  # nn.Module.half: ModelMixin.to logs a from_pretrained warning
+    return unet.requires_grad_(False), vae.requires_grad_(False)
+
+
+def record_run(case: dict, g: torch.Generator, output_type: str):
+    """One pipeline call with hooks. Returns (pipe, inputs for the learner, record dict, output)."""
+    dtype = DTYPES[case.get("dtype", "float32")]
+    unet, vae = _models(case.get("dtype", "float32"))
+    pipe = tiny.sd_pipeline(SCHEDULERS[case["scheduler"]](), unet, vae)
+    # The learner's scheduler: the pipeline's own (whose config __init__ rewrote), untouched by the run.
+    learner_scheduler = copy.deepcopy(pipe.scheduler)
+    B, height, width = case["batch"], case["height"], case["width"]
+    prompt, negative = tiny.text_embeddings(B, g).to(dtype), tiny.text_embeddings(B, g).to(dtype)
+    seed = int(torch.randint(0, 2**31, (1,), generator=g))
+    rec: dict = {"unet_in": [], "unet_out": [], "step_in": [], "cond": []}
+
+    original_prepare = pipe.prepare_latents
+    generator = torch.Generator().manual_seed(seed)
+
+    def prepare_latents(*args, **kwargs):
+        latents = original_prepare(*args, **kwargs)
+        rec["initial"] = latents.clone()
+        rec["generator_after_prepare"] = generator.get_state()
+        return latents
+
+    def unet_pre(module, args, kwargs):
+        rec["unet_in"].append(args[0].clone())
+        rec["cond"].append(kwargs["encoder_hidden_states"].clone())
+
+    def unet_post(module, args, kwargs, out):
+        rec["unet_out"].append(out[0].clone())
+
+    step = pipe.scheduler.step
+
+    # wraps: the pipeline inspects step's signature to decide whether to pass eta and generator
+    @functools.wraps(step)
+    def recording_step(model_output, t, sample, *args, **kwargs):
+        rec["step_in"].append(model_output.clone())
+        out = step(model_output, t, sample, *args, **kwargs)
+        rec["final"] = (out[0] if isinstance(out, tuple) else out.prev_sample).clone()
+        return out
+
+    def decoder_post(module, args, out):
+        rec["decoded"] = out.clone()
+
+    pipe.prepare_latents = prepare_latents
+    pipe.scheduler.step = recording_step
+    hooks = [unet.register_forward_pre_hook(unet_pre, with_kwargs=True),
+             unet.register_forward_hook(unet_post, with_kwargs=True),
+             vae.decoder.register_forward_hook(decoder_post)]
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=height, width=width,
+                       num_inference_steps=case["steps"], guidance_scale=case["guidance_scale"],
+                       guidance_rescale=case.get("guidance_rescale", 0.0), eta=case.get("eta", 0.0),
+                       generator=generator, output_type=output_type)
+    finally:
+        for h in hooks:
+            h.remove()
+        del pipe.scheduler.step
+    inputs = dict(unet=unet, scheduler=learner_scheduler, prompt_embeds=prompt, negative_prompt_embeds=negative)
+    return pipe, inputs, rec, out, seed
+
+
+CASES = [
+    dict(scheduler="DDIM", batch=1, height=16, width=16, steps=3, guidance_scale=7.5),
+    dict(scheduler="DDIM", batch=2, height=16, width=24, steps=4, guidance_scale=5.0, eta=1.0, guidance_rescale=0.7),
+    dict(scheduler="Euler leading", batch=2, height=16, width=16, steps=3, guidance_scale=7.5),
+    dict(scheduler="DDIM", batch=2, height=16, width=16, steps=3, guidance_scale=4.0, dtype="float16", eta=0.5),
+]
+
+
+# ---- denoise -------------------------------------------------------------------------------------------
+denoise = Kata(
+    "denoise",
+    hints=(
+        "The loop owns nothing new: set the timesteps, then per t ask the scheduler how to scale, your "
+        "guided_noise what the noise is, and the scheduler what comes next.",
+        "scheduler.set_timesteps(n); for t in scheduler.timesteps: x_in = scheduler.scale_model_input(x, t); "
+        "ε̂ = cfg.guided_noise(unet, x_in, t, c, c_∅, s, φ); x = scheduler.step(ε̂, t, x, eta=η, generator=g).prev_sample "
+        "(pass only the arguments step accepts: step_kwargs).",
+        "extra = step_kwargs(scheduler, generator, eta); for t in scheduler.timesteps: "
+        "latents = scheduler.step(cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds, "
+        "negative_prompt_embeds, guidance_scale, guidance_rescale), t, latents, **extra).prev_sample",
+    ),
+    answer_key=PIPELINE_KEYS,
+)
+
+
+@denoise.check("vs StableDiffusionPipeline latents", cases=CASES, tol=MODEL_FORWARD)
+def _(case, g):
+    pipe, inputs, rec, out, _seed = record_run(case, g, "latent")
+    generator = torch.Generator()
+    generator.set_state(rec["generator_after_prepare"])  # where the pipeline's generator stood at the loop
+    inputs.update(latents=rec["initial"], num_inference_steps=case["steps"],
+                  guidance_scale=case["guidance_scale"], generator=generator, eta=case.get("eta", 0.0),
+                  guidance_rescale=case.get("guidance_rescale", 0.0))
+    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps")
+
+
+def _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps, guidance_scale,
+          generator, eta, guidance_rescale, *, scale=True, extra=True):
+    """The reference loop with switches for the traps, built on the pipeline's own math."""
+    import inspect
+
+    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+
+    scheduler.set_timesteps(num_inference_steps)
+    accepted = inspect.signature(scheduler.step).parameters
+    kwargs = {k: v for k, v in (("eta", eta), ("generator", generator)) if k in accepted} if extra else {}
+    for t in scheduler.timesteps:
+        x = torch.cat([latents] * 2)
+        x = scheduler.scale_model_input(x, t) if scale else x
+        u, c = unet(x, t, encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample.chunk(2)
+        noise = u + guidance_scale * (c - u)
+        if guidance_rescale > 0:
+            noise = rescale_noise_cfg(noise, c, guidance_rescale)
+        latents = scheduler.step(noise, t, latents, **kwargs).prev_sample
+    return latents
+
+
+@denoise.trap("scale_model_input skipped",
+              hint="Euler expects its input divided by √(σ²+1): always call scheduler.scale_model_input(latents, t) "
+                   "before the UNet (for DDIM it changes nothing, which is why the bug hides).")
+@torch.no_grad()
+def _(**kw):
+    return _loop(**kw, scale=False)
+
+
+@denoise.trap("eta and generator not passed to scheduler.step",
+              hint="DDIM with η > 0 adds noise each step: pass eta and the same generator (step_kwargs gives "
+                   "exactly the arguments the scheduler's step accepts).")
+@torch.no_grad()
+def _(**kw):
+    return _loop(**kw, extra=False)
+
+
+# ---- text_to_image -------------------------------------------------------------------------------------
+text_to_image = Kata(
+    "text_to_image",
+    hints=(
+        "Four stages: prepare (timesteps, then x_T), denoise, decode, postprocess; each one is a kata you wrote.",
+        "set_timesteps(n); x_T = prepare_latents(B, unet.config.in_channels, H, W, vae_scale_factor(...), "
+        "scheduler.init_noise_sigma, generator, prompt_embeds.dtype); x_0 = denoise(...); "
+        "image = postprocess(decode_latents(vae, x_0), 'pt').",
+        "scheduler.set_timesteps(num_inference_steps); latents = components.prepare_latents(prompt_embeds.shape[0], "
+        "unet.config.in_channels, height, width, vae_lab.vae_scale_factor(vae.config.block_out_channels), "
+        "float(scheduler.init_noise_sigma), generator, prompt_embeds.dtype); then denoise, decode_latents, postprocess",
+    ),
+    answer_key=PIPELINE_KEYS,
+)
+
+
+@text_to_image.check("vs StableDiffusionPipeline images", cases=CASES, tol=MODEL_FORWARD)
+def _(case, g):
+    pipe, inputs, rec, out, seed = record_run(case, g, "pt")
+    inputs.update(vae=_models(case.get("dtype", "float32"))[1],
+                  height=case["height"], width=case["width"], num_inference_steps=case["steps"],
+                  guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed),
+                  eta=case.get("eta", 0.0), guidance_rescale=case.get("guidance_rescale", 0.0))
+    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps")
+
+
+def _image(unet, vae, scheduler, prompt_embeds, negative_prompt_embeds, height, width, num_inference_steps,
+           guidance_scale, generator, eta, guidance_rescale, *, sigma_before=False, decode_scaled=True,
+           postprocess=True):
+    from diffusers.utils.torch_utils import randn_tensor
+
+    sigma = float(scheduler.init_noise_sigma)  # before set_timesteps (the trap)
+    scheduler.set_timesteps(num_inference_steps)
+    sigma = sigma if sigma_before else float(scheduler.init_noise_sigma)
+    f = 2 ** (len(vae.config.block_out_channels) - 1)
+    shape = (prompt_embeds.shape[0], unet.config.in_channels, height // f, width // f)
+    latents = randn_tensor(shape, generator=generator, dtype=prompt_embeds.dtype) * sigma
+    latents = _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                    guidance_scale, generator, eta, guidance_rescale)
+    z = latents / vae.config.scaling_factor if decode_scaled else latents
+    image = vae.decode(z).sample
+    return (image * 0.5 + 0.5).clamp(0, 1) if postprocess else image
+
+
+@text_to_image.trap("init_noise_sigma read before set_timesteps",
+                    hint="Call scheduler.set_timesteps before prepare_latents: Euler's init_noise_sigma depends on the "
+                         "timesteps (157.4 before, ~26 after, for 'leading' spacing).")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, sigma_before=True)
+
+
+@text_to_image.trap("latents decoded without dividing by the VAE's scaling factor",
+                    hint="The loop's latents are scaled by vae.config.scaling_factor; decode_latents divides it out.")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, decode_scaled=False)
+
+
+@text_to_image.trap("the decoder's [−1, 1] output returned without postprocessing",
+                    hint="output_type 'pt' images are in [0, 1]: x·0.5 + 0.5, clamped (postprocess).")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, postprocess=False)
+
+
+# ---- inference_trace -----------------------------------------------------------------------------------
+inference_trace = Kata(
+    "inference_trace",
+    hints=(
+        "Generate exactly as text_to_image does, but written out so you can call boundary(name, tensor) "
+        "where each tensor crosses: the conditioning, x_T, the first step's UNet input/output and guided noise, "
+        "the final latents, the decoder's output and the image.",
+        "conditioning = cat([c_∅, c]) (2B, L, D); x_T (B, 4, h, w); UNet input = scale(cat([x, x])) (2B, 4, h, w); "
+        "UNet output (2B, 4, h, w); guided (B, 4, h, w); x_0 (B, 4, h, w); decoded (B, 3, H, W); image (B, 3, H, W).",
+        "trace = [boundary('conditioning', cond), boundary('initial latents', latents)]; in the loop at i == 0: "
+        "trace += [boundary('unet input', model_input), boundary('unet output', noise_pred), boundary('guided noise', guided)]; "
+        "after it: 'final latents', 'decoded', 'image'",
+    ),
+    answer_key=PIPELINE_KEYS,
+)
+
+
+def _records(rec, images):
+    def b(name, t):
+        return {"boundary": name, "shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
+
+    return [b("conditioning", rec["cond"][0]), b("initial latents", rec["initial"]),
+            b("unet input", rec["unet_in"][0]), b("unet output", rec["unet_out"][0]),
+            b("guided noise", rec["step_in"][0]), b("final latents", rec["final"]),
+            b("decoded", rec["decoded"]), b("image", images)]
+
+
+@inference_trace.check("vs the pipeline's own boundaries", cases=[CASES[0], CASES[2], CASES[3]], tol=EXACT)
+def _(case, g):
+    case = dict(case, eta=0.0, guidance_rescale=0.0)
+    pipe, inputs, rec, out, seed = record_run(case, g, "pt")
+    inputs.update(vae=_models(case.get("dtype", "float32"))[1],
+                  height=case["height"], width=case["width"], num_inference_steps=case["steps"],
+                  guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed))
+    return Scenario(inputs=inputs, expected=_records(rec, out.images), label=f"{case['scheduler']}")
+
+
+@inference_trace.trap("the UNet input recorded before doubling the batch",
+                      hint="The UNet sees 2B samples: record model_input after torch.cat([latents, latents]).")
+def _(**kw):
+    return _traced(kw, unet_input_batch=1)
+
+
+@inference_trace.trap("the conditioning recorded as the prompt alone (B, L, D)",
+                      hint="The UNet attends to [negative; positive]: the conditioning boundary is (2B, L, D).")
+def _(**kw):
+    return _traced(kw, cond_batch=1)
+
+
+def _traced(kw, unet_input_batch=2, cond_batch=2):
+    """The right trace but for one boundary's batch: the shapes, written out (no generation needed)."""
+    B = kw["prompt_embeds"].shape[0]
+    dtype = kw["prompt_embeds"].dtype
+    f = 2 ** (len(kw["vae"].config.block_out_channels) - 1)
+    h, w = kw["height"] // f, kw["width"] // f
+    L, D = kw["prompt_embeds"].shape[1:]
+
+    def b(name, shape):
+        return {"boundary": name, "shape": shape, "dtype": str(dtype), "device": "cpu"}
+
+    return [b("conditioning", (cond_batch * B, L, D)), b("initial latents", (B, 4, h, w)),
+            b("unet input", (unet_input_batch * B, 4, h, w)), b("unet output", (2 * B, 4, h, w)),
+            b("guided noise", (B, 4, h, w)), b("final latents", (B, 4, h, w)),
+            b("decoded", (B, 3, kw["height"], kw["width"])), b("image", (B, 3, kw["height"], kw["width"]))]

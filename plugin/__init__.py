@@ -1,1 +1,0 @@
-"""diffusion katas: a pytest plugin that grades diffusion-inference katas against diffusers."""

@@ -1,0 +1,10 @@
+"""diffusion katas: learn diffusion inference by writing it, graded live against diffusers and peft.
+
+Subpackages by role, dependencies pointing one way (a test reads the imports):
+    core           pure: the grader vocabulary, tolerances, the results model and its formats, the Course
+    engine         grading machinery: comparison, learner calls and the answer key, meters, tiny models,
+                   shared grading helpers
+    pytest_plugin  the pytest plugin (entry point `diffusion_katas`): options, collection, reporting
+    commands       the `kata` command line: learner, instructor and maintainer commands, which talk to
+                   pytest only through its subprocess and the results file
+"""

@@ -1,0 +1,6 @@
+"""`python -m diffusion_katas ...` is `kata ...`."""
+import sys
+
+from diffusion_katas.commands.main import main
+
+sys.exit(main())

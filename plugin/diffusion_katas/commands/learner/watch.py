@@ -1,0 +1,114 @@
+"""`kata watch`'s parts: waiting for a kata file to change, and the verdict shown after each grading."""
+from __future__ import annotations
+
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+from diffusion_katas.commands.running import MARKS, VERBS, Grading, counts, first_unsolved, lab_entry, messages, statuses
+from diffusion_katas.commands.learner.hints import grader_hints, hint_text, tiers_seen
+from diffusion_katas.commands.learner.workspace import LearnerError
+from diffusion_katas.core.course import Course
+
+CLEAR = "\033[2J\033[H"
+
+
+# ---- waiting for a save ----------------------------------------------------------------------------------
+def signature(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def file_events():
+    """The optional `watchfiles` module, or None: then we poll."""
+    try:
+        import watchfiles
+    except ImportError:
+        return None
+    return watchfiles
+
+
+def seconds_text(s: float) -> str:
+    return f"{s:.1f}" if round(s, 1) == s else f"{s:g}"
+
+
+def wait_for_change(path: Path, since, interval: float, events=None) -> None:
+    """Return once the file's mtime or size differs from `since` (and has settled).
+
+    Polling mtime+size works everywhere, including where file events never arrive (NFS) and with
+    editors that save by deleting and re-creating the file. With watchfiles, an event ends the wait
+    at once, and the same mtime+size check still runs every `interval`.
+    """
+    if events is not None:
+        for _changes in events.watch(path.parent, watch_filter=lambda _c, p: Path(p).name == path.name,
+                                     rust_timeout=max(1, int(interval * 1000)), yield_on_timeout=True):
+            if _changes or signature(path) != since:
+                break
+    else:
+        while signature(path) == since:
+            time.sleep(interval)
+    # Editors write in steps (or delete, then create): wait until the file is back and holds still.
+    pause = min(interval, 0.2)
+    deadline = time.monotonic() + max(2.0, 3 * interval)
+    last = signature(path)
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        current = signature(path)
+        if current is not None and current == last:
+            return
+        last = current
+
+
+# ---- the verdict -----------------------------------------------------------------------------------------
+def verdict_lines(course: Course, lab: str, grading: Grading) -> list[str]:
+    """The lab's verdict, the next step with its hint tier, and the first failure's text."""
+    report = grading.report
+    entry = lab_entry(report, lab)
+    kata = course.rel(course.kata(lab))
+    stamp = datetime.now().strftime("%H:%M:%S")
+    seed = (report or {}).get("seed")
+    lines = [f"graded at {stamp} in {grading.seconds:.1f} s" + (f" (seed {seed})" if seed is not None else "")]
+    if entry is None:
+        if not course.kata(lab).is_file():
+            return lines + ["", f"{kata} is gone: `kata reset {lab[:2]}` restores it (or undo the delete in your "
+                                "editor); grading starts again when it is back."]
+        tail = "\n".join(grading.output.rstrip().splitlines()[-40:])
+        lines += ["", f"{kata} could not be graded; pytest said:", textwrap.indent(tail, "  ")]
+        return lines
+    solved, total = counts(entry)
+    lines += ["", f"{entry.get('title', lab)}: {solved}/{total} solved"]
+    width = max((len(MARKS.get(s, s)) for _, s in statuses(entry)), default=6)
+    lines += [f"  {MARKS.get(s, s):<{width}}  {f}" for f, s in statuses(entry)]
+    found = first_unsolved(entry)
+    lines.append("")
+    if found is None:
+        labs = course.labs()
+        later = [other for other in labs if other > lab]
+        lines.append("every function in this lab passes." + (
+            f" On to the next lab: kata watch {later[0][:2]}  ({later[0]})" if later else " That was the last lab."))
+        return lines
+    function, status = found
+    lines.append(f"next: {VERBS.get(status, 'fix')} `{function}` in {kata}")
+    try:
+        hints = grader_hints(course, lab).get(function, ())
+    except LearnerError:
+        hints = ()
+    if hints:
+        tier = max(1, tiers_seen(course, lab, function, len(hints)))
+        lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))
+        if tier < len(hints):
+            lines.append(f"  (`kata hint` shows hint {tier + 1} of {len(hints)})")
+    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "over budget")), None)
+    if failing is None:
+        lines.append("nothing fails yet: the functions not passing are still TODO.")
+        return lines
+    text = next((m for m in messages(report, lab, failing[0], (failing[1],)) if m.strip()), "")
+    body = text.rstrip().splitlines()
+    if len(body) > 80:
+        body = body[:80] + [f"... ({len(body) - 80} more lines: python -m pytest {kata})"]
+    lines += ["", f"---- why `{failing[0]}` is {MARKS[failing[1]]} (pytest) ----", *body]
+    return lines

@@ -1,0 +1,34 @@
+"""The `kata` command: the learner's loop, the instructor's tools and the maintainer's, around pytest.
+
+pytest stays the engine: every command that grades runs `python -m pytest` with the plugin and reads
+its --kata-json report. Learner commands live in learner/, instructor commands in instructor/, the
+maintainer's in maintainer.py; each adds its subcommands through `add_commands`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from diffusion_katas.commands import maintainer
+    from diffusion_katas.commands.instructor import cli as instructor
+    from diffusion_katas.commands.learner import cli as learner
+
+    parser = argparse.ArgumentParser(prog="kata", description="Diffusion katas: grade, watch, hint, reset, explain; "
+                                     "for instructors: grade a class, build a Gradescope autograder; for "
+                                     "maintainers: derive the katas, build a learner's copy.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    learner.add_commands(commands)
+    instructor.add_commands(commands)
+    maintainer.add_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Maintainer commands of `kata`: derive the katas from the solutions, and build a learner's copy.
+
+    kata derive [LAB...] [--check]   rewrite katas/ from solutions/ (or only report drift)
+    kata learner-copy OUT            a course for learners: katas/, graders/, pristine/, a README; no solutions/
+
+The instructor's checkout keeps solutions/ as the single source of truth; a learner's copy carries the
+untouched katas in pristine/ instead, so `kata reset` works there without a single solution in it.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from diffusion_katas.core.course import Course, CourseNotFound, lab_files
+from diffusion_katas.core.derive import MarkerError, derived, drift
+
+LEARNER_README = """\
+# {title}
+
+Learn how diffusion inference really works by writing it. Each file in `katas/` is a lab: a lesson
+(its docstring) and TODO functions. `pytest` grades your code live against the real Hugging Face
+diffusers and peft implementations, on fresh seeded inputs, and tells you what is wrong and where.
+
+```bash
+python3 -m pip install diffusion-katas        # or: pip install -e <the course's source checkout>
+python3 -m pytest katas                       # grade every lab (all TODO at first)
+python3 -m pytest katas/01_forward_noise.py   # grade one lab
+kata watch 01      # re-grade on every save          kata hint       # the next hint tier
+kata progress      # every lab and the next TODO     kata reset 01   # restore a kata (keeps a backup)
+kata explain 01    # read the lab's lesson
+```
+
+The labs:
+
+{labs}
+
+`graders/` holds what grades each lab (do not edit it: your instructor grades with their own copy);
+`pristine/` holds the untouched katas that `kata reset` restores.
+"""
+
+PYTEST_INI = """\
+# A diffusion-katas course for learners, built by `kata learner-copy`.
+[pytest]
+testpaths = katas
+filterwarnings =
+    ignore::FutureWarning
+    ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning
+"""
+
+
+class MaintainerError(Exception):
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def _course(args) -> Course:
+    try:
+        return Course(Path(args.root)) if args.root else Course.find()
+    except CourseNotFound as exc:
+        raise MaintainerError(str(exc)) from None
+
+
+def cmd_derive(args) -> int:
+    course = _course(args)
+    if not lab_files(course.solutions):
+        raise MaintainerError(f"there are no solutions in {course.rel(course.solutions)}/ to derive katas from")
+    try:
+        if args.check:
+            problems = drift(course.solutions, course.katas)
+            for p in problems:
+                print(p)
+            print("katas/ and solutions/ agree" if not problems else f"{len(problems)} file(s) drifted: "
+                  "run `kata derive`")
+            return 1 if problems else 0
+        course.katas.mkdir(exist_ok=True)
+        for name, text in derived(course.solutions).items():
+            if args.labs and name[:-3] not in args.labs:
+                continue
+            target = course.katas / name
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                target.write_text(text, encoding="utf-8")
+                print(f"wrote {course.rel(target)}")
+    except MarkerError as exc:
+        raise MaintainerError(str(exc), 1) from None
+    return 0
+
+
+def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None) -> list[str]:
+    """Write a learner's copy of `course` into `out` (which must not exist or be empty); return its labs."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise MaintainerError(f"{out} is not empty: choose a new folder for the learner's copy")
+    chosen = [lab for lab in course.graded_labs() if not labs or lab in labs]
+    if not chosen:
+        raise MaintainerError("no graded lab to copy")
+    for folder in ("katas", "graders", "pristine"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    for lab in chosen:
+        try:
+            pristine = course.pristine_text(lab)
+        except (FileNotFoundError, MarkerError) as exc:
+            raise MaintainerError(f"cannot copy {lab}: {exc}") from None
+        (out / "katas" / f"{lab}.py").write_text(pristine, encoding="utf-8")
+        (out / "pristine" / f"{lab}.py").write_text(pristine, encoding="utf-8")
+        shutil.copyfile(course.grader(lab), out / "graders" / f"{lab}.py")
+    rows = "\n".join(f"- `katas/{lab}.py`: {course.title(lab)}" for lab in chosen)
+    (out / "README.md").write_text(LEARNER_README.format(title="Diffusion katas", labs=rows), encoding="utf-8")
+    (out / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    (out / ".gitignore").write_text(".kata/\n__pycache__/\n.pytest_cache/\n", encoding="utf-8")
+    return chosen
+
+
+def cmd_learner_copy(args) -> int:
+    course = _course(args)
+    labs = [course.resolve_lab(name) for value in (args.labs or []) for name in value.split(",") if name.strip()]
+    chosen = build_learner_copy(course, Path(args.out), labs)
+    print(f"wrote a learner's copy of {len(chosen)} lab(s) to {args.out} (no solutions in it): "
+          f"cd {args.out} && python3 -m pytest katas")
+    return 0
+
+
+def _guarded(fn):
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except MaintainerError as exc:
+            print(f"kata {args.command}: {exc}", file=sys.stderr)
+            return exc.code
+
+    return run
+
+
+def add_commands(commands) -> None:
+    """Add the maintainer subcommands to the `kata` parser."""
+    p = commands.add_parser("derive", help="rewrite katas/ from solutions/ (maintainers)",
+                            description="Every solution block becomes a TODO that raises NotImplementedError.")
+    p.add_argument("labs", nargs="*", help="only these labs (file stems, e.g. 04_classifier_free_guidance)")
+    p.add_argument("--check", action="store_true", help="report drift and exit 1; write nothing")
+    p.add_argument("--root", default=None, help="the course folder (default: found from the working directory)")
+    p.set_defaults(run=_guarded(cmd_derive))
+
+    p = commands.add_parser("learner-copy", help="build a learner's copy of the course (no solutions in it)",
+                            description="Write OUT with katas/ (all TODO), graders/, pristine/ (for `kata reset`), "
+                                        "a README for learners and a pytest.ini; solutions/ is left out.")
+    p.add_argument("out", metavar="OUT", help="a new (or empty) folder")
+    p.add_argument("--labs", action="append", metavar="LABS", help="only these labs (numbers or names, comma lists)")
+    p.add_argument("--root", default=None, help="the course folder (default: found from the working directory)")
+    p.set_defaults(run=_guarded(cmd_learner_copy))

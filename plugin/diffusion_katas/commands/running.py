@@ -1,0 +1,159 @@
+"""Grading in a pytest subprocess, and the learner's last report (.kata/last-report.json) with what it says.
+
+The commands talk to pytest only through its subprocess and the results file: `kata watch` and
+`kata progress` run `python -m pytest ... --kata-json` and read the report. The command, its environment
+and the JSON files are shared with the instructor's grading children (instructor/children.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from diffusion_katas.core.course import Course, lab_files
+from diffusion_katas.core.results import FILE_REASONS
+
+# Where the diffusion_katas package imports from: every pytest subprocess needs it, even for a course elsewhere.
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent
+UNSOLVED = ("todo", "failed", "over budget")
+VERBS = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}
+MARKS = {"passed": "passed", "failed": "FAILED", "todo": "TODO", "over budget": "OVER BUDGET",
+         "skipped": "skipped"}
+
+
+# ---- pytest in a subprocess ------------------------------------------------------------------------------
+def pytest_command(*args: str) -> list[str]:
+    """`python -m pytest ARGS` with this interpreter (the plugin loads through its entry point)."""
+    return [sys.executable, "-m", "pytest", *args]
+
+
+def pytest_env() -> dict[str, str]:
+    """This process's environment, with the diffusion_katas package first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
+    return env
+
+
+def read_json(path: Path):
+    """The JSON in `path`, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data) -> None:
+    """Write `data` as JSON all at once (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Grading:
+    report: dict | None  # the --kata-json report; None when pytest wrote none
+    output: str  # what pytest printed
+    returncode: int
+    seconds: float
+
+
+def grade(course: Course, target: str, *extra: str) -> Grading:
+    """`python -m pytest TARGET -q --kata-json ...` in the repository root, in a subprocess."""
+    with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
+        json_path = Path(tmp) / "report.json"
+        command = pytest_command(target, "-q", "--kata-json", str(json_path), "--rootdir", str(course.root), *extra)
+        start = time.monotonic()
+        # On Ctrl-C, subprocess.run kills pytest before the KeyboardInterrupt reaches the caller.
+        done = subprocess.run(command, cwd=course.root, env=pytest_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
+        seconds = time.monotonic() - start
+        report = read_json(json_path)
+    return Grading(report, done.stdout or "", done.returncode, seconds)
+
+
+def grading_failed(grading: Grading, what: str) -> str:
+    tail = "\n".join(grading.output.rstrip().splitlines()[-30:])
+    return (f"pytest could not grade {what} (exit code {grading.returncode}) and wrote no report; "
+            f"what it said:\n{textwrap.indent(tail, '  ')}")
+
+
+# ---- .kata/last-report.json ------------------------------------------------------------------------------
+def load_report(course: Course) -> dict | None:
+    return read_json(course.report_path)
+
+
+def save_report(course: Course, report: dict, only_labs: set[str] | None = None) -> dict:
+    """Store `report` as .kata/last-report.json; with `only_labs`, replace just those labs in it.
+
+    "attempted" lists the labs a run tried to grade: one of them missing from "labs" could not be
+    collected, while a lab never attempted is simply not graded yet.
+    """
+    stamp = datetime.now().isoformat(timespec="seconds")
+    data = dict(report)
+    data["saved_at"] = stamp
+    data["labs"] = [dict(entry, graded_at=stamp) for entry in report.get("labs", [])]
+    data["attempted"] = sorted(only_labs) if only_labs is not None else [p.stem for p in lab_files(course.katas)]
+    old = load_report(course) if only_labs is not None else None
+    if old:
+        data["attempted"] = sorted(set(old.get("attempted", [])) | only_labs)
+        kept = [e for e in old.get("labs", []) if e.get("lab") not in only_labs]
+        data["labs"] = sorted(kept + data["labs"], key=lambda e: e.get("lab", ""))
+        results = [r for r in old.get("results", []) if r.get("lab") not in only_labs]
+        data["results"] = sorted(results + list(report.get("results", [])), key=lambda r: r.get("lab", ""))
+    write_json(course.report_path, data)
+    return data
+
+
+# ---- what a report says ----------------------------------------------------------------------------------
+def lab_entry(report: dict | None, lab: str) -> dict | None:
+    for entry in (report or {}).get("labs", []):
+        if entry.get("lab") == lab:
+            return entry
+    return None
+
+
+def statuses(entry: dict) -> list[tuple[str, str]]:
+    return [(f["name"], f["status"]) for f in entry.get("functions", [])]
+
+
+def counts(entry: dict) -> tuple[int, int]:
+    functions = statuses(entry)
+    return (sum(s == "passed" for _, s in functions), sum(s != "skipped" for _, s in functions))
+
+
+def first_unsolved(entry: dict) -> tuple[str, str] | None:
+    return next(((f, s) for f, s in statuses(entry) if s in UNSOLVED), None)
+
+
+def next_todo(report: dict | None) -> tuple[str, str, str] | None:
+    """(lab, function, status) of the first function not passing, in lab order."""
+    for entry in sorted((report or {}).get("labs", []), key=lambda e: e.get("lab", "")):
+        found = first_unsolved(entry)
+        if found:
+            return entry["lab"], found[0], found[1]
+    return None
+
+
+def messages(report: dict | None, lab: str, function: str, wanted=UNSOLVED) -> list[str]:
+    return [r.get("message", "") for r in (report or {}).get("results", [])
+            if r.get("lab") == lab and r.get("function") == function and r.get("status") in wanted]
+
+
+def import_trouble(report: dict | None, entry: dict) -> str | None:
+    """The reason in a few words when the whole kata file could not be used (it does not import, or is
+    missing), else None: read from the results' reason codes."""
+    found = first_unsolved(entry)
+    if not found or found[1] != "failed":
+        return None
+    for r in (report or {}).get("results", []):
+        if r.get("lab") == entry["lab"] and r.get("function") == found[0] and r.get("reason") in FILE_REASONS:
+            return r.get("detail") or r.get("reason")
+    return None

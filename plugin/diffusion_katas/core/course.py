@@ -1,0 +1,208 @@
+"""The course: one folder holding katas/, graders/ and (in an instructor's checkout) solutions/.
+
+A `Course` owns its root and folders, finds its labs, names a lab from what a person types, and is
+the only place graders are loaded. It is found from the working directory, searching upward as
+rustlings does, never from where this package was installed: a second clone is its own course.
+
+    course/
+      katas/NN_topic.py       what the learner edits (derived from solutions/, drift-checked)
+      solutions/NN_topic.py   the single source of truth (absent from a learner's copy)
+      graders/NN_topic.py     one grader per lab, named like the kata file it grades
+      pristine/NN_topic.py    a learner's copy only: the untouched katas, for `kata reset`
+      .kata/                  what the learner's tools remember (git-ignored)
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+LAB_GLOB = "[0-9][0-9]_*.py"
+
+
+class CourseNotFound(LookupError):
+    """No course folder at or above the starting point."""
+
+
+def lab_files(folder: Path) -> list[Path]:
+    """The lab files (NN_name.py) in a folder, in order."""
+    return sorted(folder.glob(LAB_GLOB)) if folder.is_dir() else []
+
+
+def find_lab(name: str, folder: Path) -> Path:
+    """A lab file from '4', '04', '04_classifier_free_guidance' or a unique part of its name."""
+    files = lab_files(folder)
+    if name.isdigit():
+        hits = [p for p in files if p.name.startswith(f"{int(name):02d}_")]
+    else:
+        hits = [p for p in files if p.stem == name] or [p for p in files if name in p.stem]
+    if len(hits) != 1:
+        known = ", ".join(p.stem for p in files)
+        raise LookupError(f"no single lab matches {name!r}; the labs are: {known}")
+    return hits[0]
+
+
+def lab_title(path: Path) -> str:
+    """The first line of a lab file's docstring ("Lab 01 · Forward noise"), or its stem."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    except (SyntaxError, OSError, ValueError):
+        doc = None
+    return doc.strip().splitlines()[0].rstrip(".") if doc else path.stem
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Execute the Python file at `path` as a fresh module registered under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+@dataclass
+class Course:
+    root: Path
+    katas: Path | None = None
+    solutions: Path | None = None
+    graders: Path | None = None
+    # Grader modules loaded by this course object: path -> (mtime, Kata objects).
+    _loaded: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).resolve()
+        self.katas = Path(self.katas).resolve() if self.katas else self.root / "katas"
+        self.solutions = Path(self.solutions).resolve() if self.solutions else self.root / "solutions"
+        self.graders = Path(self.graders).resolve() if self.graders else self.root / "graders"
+
+    # ---- finding a course --------------------------------------------------------------------------------
+    @staticmethod
+    def is_course(folder: Path) -> bool:
+        """A course folder has graders/ with lab graders, and katas/ or solutions/ beside it."""
+        folder = Path(folder)
+        return bool(lab_files(folder / "graders")) and ((folder / "katas").is_dir() or (folder / "solutions").is_dir())
+
+    @classmethod
+    def find(cls, start: Path | None = None) -> "Course":
+        """The course at or above `start` (default: the working directory)."""
+        here = Path(start or Path.cwd()).resolve()
+        for folder in (here, *here.parents):
+            if cls.is_course(folder):
+                return cls(folder)
+        raise CourseNotFound(
+            f"no diffusion-katas course at or above {here}: run this inside a course folder (one holding "
+            "katas/ and graders/), or pass --root")
+
+    @property
+    def has_graders(self) -> bool:
+        return bool(lab_files(self.graders))
+
+    # ---- folders and files -------------------------------------------------------------------------------
+    @property
+    def pristine(self) -> Path:
+        return self.root / "pristine"
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".kata"
+
+    @property
+    def report_path(self) -> Path:
+        return self.state / "last-report.json"
+
+    @property
+    def hints_path(self) -> Path:
+        return self.state / "hints.json"
+
+    @property
+    def backups(self) -> Path:
+        return self.state / "backups"
+
+    def kata(self, lab: str) -> Path:
+        return self.katas / f"{lab}.py"
+
+    def solution(self, lab: str) -> Path:
+        return self.solutions / f"{lab}.py"
+
+    def grader(self, lab: str) -> Path:
+        return self.graders / f"{lab}.py"
+
+    def rel(self, path: Path) -> str:
+        try:
+            return Path(path).relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+    # ---- labs --------------------------------------------------------------------------------------------
+    def labs(self) -> list[str]:
+        """Lab stems from katas/ (and solutions/ and pristine/, so that a deleted kata file still shows)."""
+        stems = {p.stem for folder in (self.katas, self.solutions, self.pristine) for p in lab_files(folder)}
+        return sorted(stems)
+
+    def graded_labs(self) -> list[str]:
+        """Lab stems that have a grader."""
+        return [p.stem for p in lab_files(self.graders)]
+
+    def resolve_lab(self, name: str) -> str:
+        """A lab stem from '1', '01', '01_forward_noise' or a unique part of the name."""
+        error = None
+        for folder in (self.katas, self.solutions, self.pristine, self.graders):
+            try:
+                return find_lab(name, folder).stem
+            except LookupError as exc:
+                error = error or exc
+        if not self.labs():
+            raise LookupError(f"there are no labs in {self.rel(self.katas)}/ (files named NN_name.py)")
+        raise error
+
+    def title(self, lab: str) -> str:
+        """A lab's title, from the first line of its kata (or solution, or pristine) file's docstring."""
+        for path in (self.kata(lab), self.solution(lab), self.pristine / f"{lab}.py"):
+            if path.is_file():
+                return lab_title(path)
+        return lab
+
+    def lesson_source(self, lab: str) -> Path | None:
+        """The file a lab's lesson is read from: the kata, unless it is gone or does not parse."""
+        for path in (self.kata(lab), self.solution(lab), self.pristine / f"{lab}.py"):
+            try:
+                ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, ValueError):
+                continue
+            return path
+        return None
+
+    def pristine_text(self, lab: str) -> str:
+        """The untouched kata: derived from the solution, or kept in pristine/ (a learner's copy)."""
+        from diffusion_katas.core.derive import strip_solutions
+
+        solution = self.solution(lab)
+        if solution.is_file():
+            return strip_solutions(solution.read_text(encoding="utf-8"), self.rel(solution))
+        kept = self.pristine / f"{lab}.py"
+        if kept.is_file():
+            return kept.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"{self.rel(self.kata(lab))} has no pristine form: neither "
+                                f"{self.rel(solution)} nor {self.rel(kept)} is there")
+
+    # ---- graders: the one loader -------------------------------------------------------------------------
+    def graders_of(self, lab: str) -> list:
+        """The Kata objects the lab's grader declares, in declaration order (each file loaded once,
+        again only if it changed)."""
+        from diffusion_katas.core.spec import Kata
+
+        path = self.grader(lab)
+        mtime = path.stat().st_mtime_ns
+        cached = self._loaded.get(path)
+        if cached is None or cached[0] != mtime:
+            module = load_module(path, f"diffusion_katas_grader_{lab}")
+            cached = (mtime, [v for v in vars(module).values() if isinstance(v, Kata)])
+            self._loaded[path] = cached
+        return cached[1]

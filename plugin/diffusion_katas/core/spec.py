@@ -1,0 +1,154 @@
+"""The vocabulary graders are written in: a kata function, its checks, its traps.
+
+A grader module (graders/NN_lab.py in a course) declares one `Kata` per learner function. Each check is
+written once, micrograd-style: it builds seeded inputs, computes the expected output with the real
+diffusers/peft object, and returns both; the plugin runs the same inputs through the learner's
+function (and through each declared trap when the learner's output is wrong) and compares.
+
+    add_noise = Kata("add_noise", hints=("nudge", "math", "near code"),
+                     answer_key=("diffusers.schedulers.scheduling_ddpm.DDPMScheduler.add_noise",))
+
+    @add_noise.check("a noised batch", cases=[dict(dtype="float32"), dict(dtype="float16")], tol=EXACT)
+    def _(case, g):
+        ...
+        return Scenario(inputs=dict(x0=x0, ...), expected=scheduler.add_noise(x0, noise, t))
+
+    @add_noise.trap("ᾱ_t used where √ᾱ_t belongs", hint="...")
+    def _(x0, noise, alphas_cumprod, timesteps): ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from diffusion_katas.core.results import Reason
+from diffusion_katas.core.tolerances import Tol
+
+
+class KataFailure(AssertionError):
+    """A graded check did not hold; the message is written for the learner, the reason for tools."""
+
+    def __init__(self, message: str = "", reason: Reason = Reason.WRONG, detail: str = ""):
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
+
+
+class OverBudget(AssertionError):
+    """The function is correct but costs more than its budget allows."""
+
+
+@dataclass
+class Scenario:
+    """One call to grade: the keyword arguments, the reference's answer, and what it is."""
+
+    inputs: dict[str, Any]
+    expected: Any
+    label: str = ""
+    # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
+    verify: Callable[[Any], None] | None = None
+    # Called with (learner output, a folder for artefacts) when the values differ; returns extra
+    # message text (e.g. the path of a PNG of |yours - reference|).
+    on_mismatch: Callable[[Any, Any], str] | None = None
+
+
+@dataclass
+class Trap:
+    """A wrong-but-plausible implementation: if the learner's output matches it, name it."""
+
+    name: str
+    hint: str
+    fn: Callable[..., Any]
+
+
+@dataclass
+class Check:
+    """A family of scenarios for one kata function, expanded over `cases`."""
+
+    kata: "Kata"
+    name: str
+    build: Callable[[dict, Any], Scenario | Sequence[Scenario]]
+    cases: list[dict]
+    tol: Tol
+    marks: tuple = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.kata.name}[{self.name}]"
+
+
+@dataclass
+class Measurement:
+    """One measured cost against its allowance, e.g. peak live bytes of a tiled decode."""
+
+    what: str
+    measured: float
+    allowed: float
+    unit: str  # "bytes", "FLOPs", "calls", "ms", "x"
+    why: str  # where the allowance comes from
+
+    @property
+    def over(self) -> bool:
+        return self.measured > self.allowed
+
+
+@dataclass
+class Budget:
+    """A cost check for a kata function, run only once the function passes its checks.
+
+    The decorated function takes (learner, g): `learner(**inputs)` calls the learner's function with
+    the answer key locked and fresh inputs, and `learner.measure(meter, **inputs)` returns
+    (measurement, output) of one call under a meter from diffusion_katas.engine.meters (input copies not measured).
+    It returns a list of Measurement.
+    """
+
+    kata: "Kata"
+    name: str
+    measure: Callable[[Callable[..., Any], Any], list[Measurement]]
+    marks: tuple = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.kata.name}[budget: {self.name}]"
+
+
+@dataclass
+class Kata:
+    """A learner function to grade: its name in the kata file, hints, traps and answer key."""
+
+    name: str
+    hints: tuple[str, ...] = ()
+    # Dotted paths to the diffusers/peft callables this kata is graded against. They raise while
+    # learner code runs: calling the answer key is not solving the kata.
+    answer_key: tuple[str, ...] = ()
+    points: float = 1.0
+    checks: list[Check] = field(default_factory=list)
+    traps: list[Trap] = field(default_factory=list)
+    budgets: list[Budget] = field(default_factory=list)
+
+    def check(self, name: str, *, cases: Sequence[dict] = ({},), tol: Tol, marks: Sequence = ()):
+        """Declare a check; the decorated function maps (case, generator) to Scenario(s)."""
+
+        def register(build):
+            self.checks.append(Check(self, name, build, [dict(c) for c in cases], tol, tuple(marks)))
+            return build
+
+        return register
+
+    def budget(self, name: str, *, marks: Sequence = ()):
+        """Declare a cost budget; the decorated function maps (learner, generator) to Measurements."""
+
+        def register(measure):
+            self.budgets.append(Budget(self, name, measure, tuple(marks)))
+            return measure
+
+        return register
+
+    def trap(self, name: str, *, hint: str):
+        """Declare a misconception; the decorated function takes the same inputs as the kata."""
+
+        def register(fn):
+            self.traps.append(Trap(name, hint, fn))
+            return fn
+
+        return register

@@ -1,0 +1,173 @@
+"""Compare a learner's output with the reference's, and say plainly how they differ.
+
+Structure first (type, length, shape, dtype, device, finiteness), each with its own plain message;
+then values: the worst element, its index, both values, the tolerance and its reason, and how many
+elements are off.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from diffusion_katas.core.tolerances import Tol
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for messages: tensors by shape/dtype, the rest by repr."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        shapes = ", ".join(str(tuple(v.shape)) for v in value[:4]) + (", …" if len(value) > 4 else "")
+        return f"{type(value).__name__} of {len(value)} {value[0].dtype} tensors {shapes}"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"{type(value).__name__} of {len(value)}"
+    if isinstance(value, torch.Generator):
+        return "torch.Generator"
+    if isinstance(value, torch.nn.Module):
+        n = sum(p.numel() for p in value.parameters())
+        return f"{type(value).__name__}({n:,} parameters)"
+    text = repr(value)
+    if "\n" in text or (len(text) > 80 and not isinstance(value, (str, list, tuple, dict))):
+        return type(value).__name__  # schedulers and other objects with a many-line repr
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str | None:
+    """None when `actual` matches `expected` within `tol`; otherwise the reason, for a learner."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return _tensor_mismatch(actual, expected, tol, where)
+    if type(expected).__module__ == "numpy" and hasattr(expected, "shape"):
+        return _array_mismatch(actual, expected, tol, where)
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)):
+            return f"{where} should be a {type(expected).__name__} of {len(expected)}, got {describe(actual)}"
+        if len(actual) != len(expected):
+            return f"{where} should have {len(expected)} items, got {len(actual)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            problem = mismatch(a, e, tol, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            return f"{where} should be a dict with keys {sorted(expected)}, got {describe(actual)}"
+        for key in expected:
+            problem = mismatch(actual[key], expected[key], tol, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return None if actual == expected and type(actual) is type(expected) else (
+            f"{where} should be {expected!r}, got {describe(actual)}")
+    if isinstance(expected, (int, float)):
+        if isinstance(actual, torch.Tensor) and actual.numel() == 1:
+            actual = actual.item()
+        if not isinstance(actual, (int, float)) or isinstance(actual, bool):
+            return f"{where} should be a number like {expected!r}, got {describe(actual)}"
+        if isinstance(expected, int) and not isinstance(expected, bool) and actual != expected:
+            return f"{where} should be {expected}, got {actual!r}"
+        if not math.isfinite(actual) and math.isfinite(expected):
+            return f"{where} is {actual!r}; expected {_fmt(expected)}"
+        if abs(actual - expected) > tol.atol + tol.rtol * abs(expected):
+            return (f"{where} is {_fmt(actual)}; expected {_fmt(expected)} "
+                    f"(|diff| {_fmt(abs(actual - expected))}; tolerance {tol.describe()})")
+        return None
+    return None if actual == expected else f"{where} should be {describe(expected)}, got {describe(actual)}"
+
+
+def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
+    import torch
+
+    if type(actual) is not torch.Tensor:
+        # Exact type: a Tensor subclass or an object with a friendly __eq__ is not a tensor answer.
+        return f"{where} should be a torch.Tensor, got {type(actual).__name__}: {describe(actual)}"
+    if actual.shape != expected.shape:
+        return (f"{where} has shape {tuple(actual.shape)}; expected {tuple(expected.shape)}"
+                + _shape_hint(actual.shape, expected.shape))
+    if actual.dtype != expected.dtype:
+        return (f"{where} has dtype {actual.dtype}; expected {expected.dtype} "
+                "(diffusers keeps the dtype it computes in: cast where the reference casts)")
+    if actual.device != expected.device:
+        return f"{where} is on device {actual.device}; expected {expected.device}"
+    if actual.is_floating_point():
+        a_bad = ~torch.isfinite(actual)
+        e_bad = ~torch.isfinite(expected)
+        if (a_bad & ~e_bad).any():
+            idx = _index(torch.nonzero(a_bad & ~e_bad)[0])
+            n = int((a_bad & ~e_bad).sum())
+            return (f"{where} has {n} non-finite value(s) (nan/inf) where the reference is finite; "
+                    f"first at index {idx}: yours {actual[idx].item()!r}, expected {_fmt(expected[idx].item())}")
+    a = actual.detach().double()
+    e = expected.detach().double()
+    both_nonfinite_equal = ~torch.isfinite(e) & ((a == e) | (a.isnan() & e.isnan()))
+    diff = (a - e).abs()
+    diff = torch.where(both_nonfinite_equal, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    allowed = tol.atol + tol.rtol * torch.nan_to_num(e.abs(), posinf=0.0)
+    bad = diff > allowed
+    if not bad.any():
+        return None
+    worst = int(torch.argmax(torch.where(bad, diff - allowed, torch.full_like(diff, -math.inf))))
+    idx = _index(torch.tensor(list(_unravel(worst, tuple(e.shape)))))
+    n_bad, n = int(bad.sum()), bad.numel()
+    at = f" at index {idx}" if e.dim() else ""
+    return (
+        f"{where} values differ: worst element{at}\n"
+        f"    expected {_fmt(e[idx].item())}\n"
+        f"    yours    {_fmt(a[idx].item())}\n"
+        f"    |diff|   {_fmt(diff[idx].item())}, allowed {_fmt(allowed[idx].item())}\n"
+        f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside the tolerance\n"
+        f"  tolerance: {tol.describe()}"
+    )
+
+
+def _array_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
+    """numpy outputs (images as "np" or uint8): type, shape and dtype first, then values as tensors."""
+    import numpy as np
+    import torch
+
+    if type(actual) is not np.ndarray:
+        return f"{where} should be a numpy.ndarray, got {type(actual).__name__}: {describe(actual)}"
+    if actual.shape != expected.shape:
+        return (f"{where} has shape {actual.shape}; expected {expected.shape}"
+                + _shape_hint(torch.empty(actual.shape), torch.empty(expected.shape)))
+    if actual.dtype != expected.dtype:
+        return f"{where} has dtype {actual.dtype}; expected {expected.dtype}"
+    return _tensor_mismatch(torch.from_numpy(np.ascontiguousarray(actual)),
+                            torch.from_numpy(np.ascontiguousarray(expected)), tol, where)
+
+
+def _unravel(flat: int, shape: tuple) -> tuple:
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size)
+        flat //= size
+    return tuple(reversed(out))
+
+
+def _index(t) -> tuple:
+    return tuple(int(i) for i in t.tolist())
+
+
+def _shape_hint(got, want) -> str:
+    if got.numel() == want.numel():
+        return " (same number of elements: a reshape/transpose or a missing broadcast dimension?)"
+    if len(got) != len(want):
+        return " (a different number of dimensions: does a per-sample coefficient broadcast over (B, C, H, W)?)"
+    return ""
+
+
+def matches(actual: Any, candidate: Any, tol: Tol) -> bool:
+    """Whether `actual` equals `candidate` (a trap's output) within `tol`."""
+    try:
+        return mismatch(actual, candidate, tol) is None
+    except Exception:  # a trap's odd output must never break grading
+        return False

@@ -1,0 +1,151 @@
+"""What graders share, written once, so that a grader reads as its lesson.
+
+- `DTYPES`: the dtype names cases use ("float32", "float16", "bfloat16", "float64") -> torch dtypes.
+- `SD_BETAS` and `sd_schedule(...)`: Stable Diffusion's training schedule, under one name.
+- `quiet_diffusers()`: the warnings diffusers 0.42.1 prints on every pipeline run, silenced in one place.
+- `seed_from(g)`: a seed drawn from the check's generator, for a pipeline's own generator or the global RNG.
+- `PipelineRecorder`: what a diffusers pipeline passed to its scheduler and its denoiser, step by step.
+- `DenoiserProbe`: a denoiser that counts its calls and records the batch size and timesteps of each.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+# Stable Diffusion 1.x/2.x trained with a scaled-linear β ladder from 0.00085 to 0.012 over 1000 steps.
+SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+
+
+def sd_schedule(**overrides) -> dict:
+    """Stable Diffusion's scheduler settings (SD_BETAS), with `overrides` on top."""
+    return {**SD_BETAS, **overrides}
+
+
+@contextlib.contextmanager
+def quiet_diffusers() -> Iterator[None]:
+    """Silence what diffusers 0.42.1 warns on every run: FutureWarnings (deprecations), and numpy 2's
+    DeprecationWarning about np.array(copy=...) from EulerDiscreteScheduler.set_timesteps."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def seed_from(g: torch.Generator) -> int:
+    """A seed drawn from the check's generator (so `--kata-seed` reproduces it)."""
+    return int(torch.randint(0, 2**31, (1,), generator=g))
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+@dataclass
+class Step:
+    """One denoising step as the pipeline's own components saw it."""
+
+    t: Any = None  # the timestep the denoiser got
+    denoiser_input: torch.Tensor | None = None  # the sample, as the denoiser saw it (doubled under CFG, scaled)
+    conditioning: torch.Tensor | None = None  # encoder_hidden_states, when the denoiser takes them
+    denoiser_output: torch.Tensor | None = None
+    step_input: torch.Tensor | None = None  # the model_output scheduler.step received (guided)
+    step_output: torch.Tensor | None = None  # scheduler.step's prev_sample
+
+
+@dataclass
+class PipelineRecorder:
+    """Records a pipeline run: `with PipelineRecorder(pipe, denoiser) as rec: pipe(...)`, then `rec.steps`.
+
+    It wraps this pipeline's scheduler.step (an instance attribute, removed afterwards; `functools.wraps`
+    keeps the signature the pipeline inspects for `eta` and `generator`) and hooks the denoiser module.
+    """
+
+    pipe: Any
+    denoiser: torch.nn.Module
+    steps: list[Step] = field(default_factory=list)
+
+    def __enter__(self) -> "PipelineRecorder":
+        scheduler_step = self.pipe.scheduler.step
+
+        @functools.wraps(scheduler_step)
+        def recording_step(model_output, timestep, sample, *args, **kwargs):
+            if not self.steps or self.steps[-1].step_input is not None:
+                self.steps.append(Step(t=_clone(timestep)))  # a scheduler stepped without a denoiser call
+            self.steps[-1].step_input = _clone(model_output)
+            out = scheduler_step(model_output, timestep, sample, *args, **kwargs)
+            self.steps[-1].step_output = _clone(out[0] if isinstance(out, tuple) else out.prev_sample)
+            return out
+
+        def before(module, args, kwargs):
+            sample = args[0] if args else kwargs.get("sample")
+            timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+            self.steps.append(Step(t=_clone(timestep), denoiser_input=_clone(sample),
+                                   conditioning=_clone(kwargs.get("encoder_hidden_states"))))
+
+        def after(module, args, kwargs, out):
+            self.steps[-1].denoiser_output = _clone(out[0] if isinstance(out, tuple) else getattr(out, "sample", out))
+
+        self.pipe.scheduler.step = recording_step
+        self._hooks = [self.denoiser.register_forward_pre_hook(before, with_kwargs=True),
+                       self.denoiser.register_forward_hook(after, with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        del self.pipe.scheduler.step
+
+    @property
+    def final(self) -> torch.Tensor:
+        """The last scheduler.step output (x₀ before any clamp or decode)."""
+        return self.steps[-1].step_output
+
+
+class DenoiserProbe(torch.nn.Module):
+    """A denoiser that counts its calls and records each call's batch size and timesteps.
+
+    Attribute access (config, dtype, device, ...) falls through to the wrapped model, so a kata function
+    can use it where it would use the model.
+    """
+
+    def __init__(self, model: torch.nn.Module, label: str = ""):
+        super().__init__()
+        self.denoiser = model
+        self.batch_sizes: list[int] = []
+        self.timesteps: list[list[int]] = []
+        self.label = label or f"{type(model).__name__}(tiny, random weights; calls counted)"
+
+    @property
+    def calls(self) -> int:
+        return len(self.batch_sizes)
+
+    def forward(self, *args, **kwargs):
+        sample = args[0] if args else kwargs.get("sample")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        self.batch_sizes.append(int(sample.shape[0]) if isinstance(sample, torch.Tensor) else -1)
+        if isinstance(timestep, torch.Tensor):
+            self.timesteps.append([int(v) for v in timestep.flatten().tolist()])
+        elif timestep is not None:
+            self.timesteps.append([int(timestep)])
+        return self.denoiser(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_modules"]["denoiser"], name)
+
+    def __repr__(self) -> str:
+        return self.label

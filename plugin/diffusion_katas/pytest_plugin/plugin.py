@@ -1,0 +1,164 @@
+"""The diffusion-katas pytest plugin: options, markers and session set-up.
+
+Collection lives in plugin/collection.py, comparison in plugin/comparison.py, reporting in
+plugin/reporting.py; this module wires them in.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from diffusion_katas.core.course import Course
+from diffusion_katas.pytest_plugin import session as state
+from diffusion_katas.pytest_plugin.collection import pytest_collect_file  # noqa: F401  (hook)
+from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
+    pytest_report_header,
+    pytest_report_teststatus,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
+# Help texts, defined once and shared by the command-line option and its ini twin.
+SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (instructors' check)"
+SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
+HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more tier each time the same "
+              "function fails again")
+GRADESCOPE_HELP = "Write Gradescope's results.json to PATH (one test per kata function, points as declared)"
+HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor seed "
+                    "(default: $KATA_HIDDEN_SEED)")
+HIDDEN_CASES_HELP = 'JSON file of extra hidden cases: {"lab::function::check": [case, ...]}'
+HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default) or the full message"
+FUNCTION_HELP = "Grade only this kata function (exact name; repeat for several)"
+JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
+TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pytest-timeout)"
+KATA_DIR_HELP = "Folder of the learner's kata files, relative to the rootdir"
+SOLUTIONS_DIR_HELP = "Folder of the solved kata files, relative to the rootdir"
+GRADERS_DIR_HELP = "Folder of the graders, one per kata file and named like it, relative to the rootdir"
+# The marker lines are registered in every run (so --strict-markers accepts them); the rest only in a course.
+
+MARKERS = (
+    "cuda: the test needs a CUDA GPU; it is skipped with the reason 'CUDA not available' elsewhere. "
+    "Example: @pytest.mark.cuda",
+    "budget: a cost budget (peak bytes, FLOPs, calls; time and memory on a GPU) of a kata function, "
+    "judged once the function is correct. Select with -m budget",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("katas", "diffusion katas grading")
+    group.addoption("--solutions", action="store_true", default=False, help=SOLUTIONS_HELP)
+    group.addoption("--kata-seed", type=int, default=None, metavar="N", help=SEED_HELP)
+    group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
+    group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
+    group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
+    group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
+    group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
+    group.addoption("--kata-hidden-seed", type=int, default=None, metavar="N", help=HIDDEN_SEED_HELP)
+    group.addoption("--kata-hidden-cases", default=None, metavar="PATH", help=HIDDEN_CASES_HELP)
+    group.addoption("--kata-hidden-output", choices=("name-only", "full"), default="name-only",
+                    help=HIDDEN_OUTPUT_HELP)
+    parser.addini("kata_timeout", TIMEOUT_HELP, default="120")
+    parser.addini("kata_dir", KATA_DIR_HELP, default="katas")
+    parser.addini("kata_solutions_dir", SOLUTIONS_DIR_HELP, default="solutions")
+    parser.addini("kata_graders_dir", GRADERS_DIR_HELP, default="graders")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register our markers and, inside a course, set up the grading session in the stash."""
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    root = config.rootpath
+    course = Course(root, katas=root / config.getini("kata_dir"), solutions=root / config.getini("kata_solutions_dir"),
+                    graders=root / config.getini("kata_graders_dir"))
+    if not course.has_graders:
+        return  # not a course: no header, no session, no items
+    seed = config.getoption("kata_seed")
+    timeout = config.getoption("kata_timeout")
+    if timeout is None:
+        try:
+            timeout = float(config.getini("kata_timeout"))
+        except ValueError:
+            raise pytest.UsageError(f"kata_timeout must be a number of seconds, "
+                                    f"got {config.getini('kata_timeout')!r} from the config file")
+    hints = config.getoption("kata_hints")
+    if hints is not None and not 0 <= hints <= 3:
+        raise pytest.UsageError(f"--kata-hints takes 0 to 3, got {hints} from the command line")
+    session = state.KataSession(
+        course=course,
+        grade_solutions=config.getoption("solutions"),
+        seed=seed if seed is not None else random.SystemRandom().randrange(1, 10**6),
+        seed_given=seed is not None,
+        hint_tiers=hints,
+        timeout=timeout,
+        json_path=_path(config.getoption("kata_json")),
+        gradescope_path=_path(config.getoption("gradescope")),
+        hidden_seed=_hidden_seed(config) if _hidden_seed(config) is not None else (
+            0 if config.getoption("kata_hidden_cases") else None),
+        hidden_cases=_hidden_cases(config.getoption("kata_hidden_cases")),
+        hidden_output=config.getoption("kata_hidden_output"),
+    )
+    if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
+        session.failures = dict(config.cache.get("katas/failures", {}))
+    config.stash[state.SESSION] = session
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value).resolve() if value else None
+
+
+def _hidden_seed(config: pytest.Config) -> int | None:
+    seed = config.getoption("kata_hidden_seed")
+    if seed is not None:
+        return seed
+    env = os.environ.get("KATA_HIDDEN_SEED")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise pytest.UsageError(f"KATA_HIDDEN_SEED must be an integer, got {env!r} from the environment")
+    return None
+
+
+def _hidden_cases(path: str | None) -> dict:
+    if not path:
+        return {}
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--kata-hidden-cases {path}: {exc}")
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise pytest.UsageError(f'--kata-hidden-cases {path}: expected {{"lab::function::check": [case, ...]}}')
+    return data
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `cuda` tests without CUDA (in any run: the marker is ours); in a course, select
+    --kata-function and keep kata runs to one CPU thread."""
+    if any(item.get_closest_marker("cuda") for item in items):
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="CUDA not available")
+            for item in items:
+                if item.get_closest_marker("cuda"):
+                    item.add_marker(skip)
+    if state.SESSION not in config.stash:
+        return
+    from diffusion_katas.pytest_plugin.collection import KataItem
+
+    wanted = set(config.getoption("kata_function"))
+    if wanted:
+        keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+    if any(isinstance(item, KataItem) for item in items):
+        import torch
+
+        # Tiny forwards on a loaded 2-core machine ran 10-100x slower with two threads.
+        torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))

@@ -1,0 +1,236 @@
+"""Reporting: TODO as its own status, failure messages that teach, the per-lab progress table.
+
+A kata function still raising NotImplementedError is reported as TODO ("T" / "TODO"), not as a
+failure with a traceback; the run still exits non-zero until every kata passes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from diffusion_katas.core.results import Reason, Result, Status
+from diffusion_katas.pytest_plugin import session as state
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say what is graded and with which seed (inside a course only)."""
+    session = config.stash.get(state.SESSION, None)
+    if session is None:
+        return []
+    what = session.rel(session.solutions_dir if session.grade_solutions else session.kata_dir)
+    return [f"katas: grading {what}/ with seed {session.seed} "
+            f"(reproduce with --kata-seed {session.seed})"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    from diffusion_katas.pytest_plugin.collection import KataItem, KataTodo
+    from diffusion_katas.core.spec import OverBudget
+
+    if not isinstance(item, KataItem):
+        return report
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        status, reason, detail = classify(call.excinfo, report)
+        report.kata_status = status.value
+        session = item.config.stash[state.SESSION]
+        message = "" if report.passed else str(report.longrepr or "")
+        session.results.append(Result(
+            item.nodeid, item.lab, item.parent.title, item.kata.name, item.check_name, status,
+            item.kata.points, message, report.duration, item.hidden, reason, detail))
+    return report
+
+
+def classify(excinfo, report) -> tuple[Status, Reason, str]:
+    """(status, reason code, reason in a few words) of a kata item's outcome, from the exception type."""
+    from diffusion_katas.core.spec import KataFailure, OverBudget
+    from diffusion_katas.pytest_plugin.collection import KataTodo, LearnerCrash
+
+    if report.passed:
+        return Status.PASSED, Reason.NONE, ""
+    if report.skipped:
+        return Status.SKIPPED, Reason.SKIPPED, ""
+    if excinfo is None:
+        return Status.FAILED, Reason.CRASH, ""
+    if excinfo.errisinstance(KataTodo):
+        waits_on = excinfo.value.waits_on
+        return Status.TODO, (Reason.WAITS_ON if waits_on else Reason.TODO), waits_on
+    if excinfo.errisinstance(OverBudget):
+        return Status.OVER_BUDGET, Reason.OVER_BUDGET, ""
+    if excinfo.errisinstance(KataFailure):
+        return Status.FAILED, excinfo.value.reason, excinfo.value.detail
+    if excinfo.errisinstance(LearnerCrash):
+        exc = excinfo.value.exc
+        return Status.FAILED, Reason.CRASH, f"{type(exc).__name__}: {exc}"[:200]
+    if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
+        return Status.FAILED, Reason.TIMEOUT, "timed out (per-check limit)"
+    return Status.FAILED, Reason.CRASH, f"{excinfo.typename}"
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    status = getattr(report, "kata_status", None)
+    if status == "todo":
+        return "todo", "T", ("TODO", {"yellow": True})
+    if status == "over budget":
+        return "over budget", "B", ("OVER BUDGET", {"red": True})
+    return None
+
+
+def hint_lines(item, first_only: bool = False) -> list[str]:
+    """The hint tiers this learner has earned for this function (one more per repeated failure)."""
+    session = item.config.stash[state.SESSION]
+    hints = item.kata.hints
+    if not hints:
+        return []
+    if first_only:
+        tiers = 1
+    elif session.hint_tiers is not None:
+        tiers = session.hint_tiers
+    else:
+        tiers = min(len(hints), session.failures.get(f"{item.lab}::{item.kata.name}", 0) + 1)
+    names = ("nudge", "the math", "near code")
+    lines = [f"  hint {i + 1} ({names[i] if i < 3 else 'more'}): {h}" for i, h in enumerate(hints[:tiers])]
+    if tiers < len(hints) and not first_only:
+        lines.append(f"  (fail again for hint {tiers + 1}, or pass --kata-hints {len(hints)} to see all)")
+    return lines
+
+
+def reproduce_line(item) -> str:
+    session = item.config.stash[state.SESSION]
+    flags = " --solutions" if session.grade_solutions else ""
+    return f'  reproduce: python -m pytest "{item.nodeid}" --kata-seed {session.seed}{flags}'
+
+
+def failure_text(item, excinfo) -> str:
+    """The learner-facing text for a failed kata item."""
+    from diffusion_katas.pytest_plugin.collection import KataTodo, LearnerCrash
+    from diffusion_katas.core.spec import KataFailure, OverBudget
+
+    session = item.config.stash[state.SESSION]
+    rel = session.rel(item.parent.source)
+    if item.hidden and session.hidden_output == "name-only" and not excinfo.errisinstance(KataTodo):
+        return (f"hidden check failed: {item.kata.name} · {item.check.name} "
+                "(its inputs and message are withheld; the visible checks teach the same thing)")
+    if excinfo.errisinstance(KataTodo):
+        waits_on = excinfo.value.waits_on
+        if waits_on:
+            lab, function = waits_on.split("::")
+            return (f"TODO: `{item.kata.name}` in {rel} builds on your `{function}` in "
+                    f"{session.rel(item.parent.source.parent / lab)}, which is not written yet: do that one first")
+        return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
+    if excinfo.errisinstance(OverBudget):
+        return "\n".join([budget_text(item), reproduce_line(item)])
+    if excinfo.errisinstance(KataFailure):
+        body = str(excinfo.value)
+    elif excinfo.errisinstance(LearnerCrash):
+        crash = excinfo.value
+        exc = crash.exc
+        body = (f"{crash.context}\n  your function raised {type(exc).__name__}: {exc}\n"
+                + _learner_frames(exc, item.parent.source, session))
+    elif excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
+        body = (f"{item.last_context or item.kata.name}\n  timed out after {session.timeout:g} s "
+                "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
+    else:
+        return str(pytest.Item.repr_failure(item, excinfo))
+    return "\n".join([body, *hint_lines(item), reproduce_line(item)])
+
+
+def budget_text(item) -> str:
+    """Measured against allowed, one line per measurement, the misses marked."""
+    from diffusion_katas.engine.meters import human
+
+    lines = [f"{item.last_context}: correct, but over budget"]
+    for m in item.measurements:
+        mark = "OVER" if m.over else "ok  "
+        ratio = f" ({m.measured / m.allowed:.2f}x the allowance)" if m.allowed else ""
+        lines.append(f"  {mark} {m.what}: measured {human(m.measured, m.unit)}, "
+                     f"allowed {human(m.allowed, m.unit)}{ratio}\n         allowance: {m.why}")
+    return "\n".join(lines)
+
+
+def _learner_frames(exc: BaseException, source, session) -> str:
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(source)]
+    if not frames:
+        frames = traceback.extract_tb(exc.__traceback__)[-1:]
+    return "".join(f"    {session.rel(type(source)(f.filename))}:{f.lineno} in {f.name}\n"
+                   f"      {(f.line or '').strip()}\n" for f in frames)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    """The kata progress table, then the next function to work on and its first hint."""
+    session = config.stash.get(state.SESSION, None)
+    if session is None:
+        return
+    labs = session.run().progress()
+    if not labs:
+        return
+    tr = terminalreporter
+    over = tr.stats.get("over budget", [])
+    if over:  # not in pytest's FAILURES section, whose reports are the "failed" category
+        tr.write_sep("=", "over budget", red=True, bold=True)
+        for report in over:
+            tr.write_sep("_", report.head_line or report.nodeid, red=True)
+            tr.write_line(str(report.longrepr))
+    tr.write_sep("=", "kata progress", cyan=True, bold=True)
+    width = max(len(title) for title, _ in labs.values())
+    next_up = None
+    for lab, (title, functions) in labs.items():
+        solved = sum(s == "passed" for s in functions.values())
+        total = sum(s != "skipped" for s in functions.values())
+        if not total:
+            tr.write_line(f"  {title:<{width}}  skipped")
+            continue
+        bar = "#" * solved + "." * (total - solved)
+        tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
+        for function, status in functions.items():
+            if next_up is None and status in ("todo", "failed", "over budget"):
+                next_up = (lab, function, status)
+    if next_up is None:
+        if all(s == "skipped" for _, functions in labs.values() for s in functions.values()):
+            tr.write_line("  nothing was graded: every selected check was skipped.", yellow=True)
+            return
+        if session.hidden_seed is None:
+            tr.write_line("  every visible check passes. Hidden checks, if your instructor uses them, "
+                          "were not run here.", green=True, bold=True)
+        else:
+            tr.write_line("  every graded kata function passes, hidden checks included.", green=True, bold=True)
+        return
+    lab, function, status = next_up
+    source = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir) / f"{lab}.py")
+    where = session.rel(session.kata_dir / f"{lab}.py") + (" --solutions" if session.grade_solutions else "")
+    verb = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}[status]
+    tr.write_line(f"  next: {verb} `{function}` in {source}", yellow=True, bold=True)
+    for kata in session.course.graders_of(lab):
+        if kata.name == function and kata.hints:
+            tr.write_line(f"  hint: {kata.hints[0]}")
+    tr.write_line(f"  then: python -m pytest {where}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    """Write --kata-json and --gradescope; remember consecutive failures per function for progressive hints."""
+    config = session.config
+    kata_session = config.stash.get(state.SESSION, None)
+    if kata_session is None:
+        return
+    kata_session.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    run = kata_session.run()
+    if kata_session.json_path is not None or kata_session.gradescope_path is not None:
+        from diffusion_katas.core.results import versions, write_json
+
+        found = versions()
+        if kata_session.json_path is not None:
+            write_json(kata_session.json_path, run.kata_json(found))
+        if kata_session.gradescope_path is not None:
+            write_json(kata_session.gradescope_path, run.gradescope(found))
+    if getattr(config, "cache", None) is None or not kata_session.results:
+        return
+    failures = dict(kata_session.failures)
+    for lab, (_title, functions) in run.progress().items():
+        for function, status in functions.items():
+            key = f"{lab}::{function}"
+            if status in (Status.FAILED, Status.OVER_BUDGET):
+                failures[key] = failures.get(key, 0) + 1
+            elif status == Status.PASSED:
+                failures.pop(key, None)
+    config.cache.set("katas/failures", failures)

@@ -1,0 +1,58 @@
+"""What a grading session knows, kept in config.stash (never on config attributes or globals)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from diffusion_katas.core.course import Course
+from diffusion_katas.core.results import Result, Run
+
+
+@dataclass
+class KataSession:
+    course: Course
+    grade_solutions: bool
+    seed: int
+    seed_given: bool
+    hint_tiers: int | None  # --kata-hints; None: reveal one more tier per consecutive failure
+    timeout: float
+    json_path: Path | None = None  # --kata-json
+    gradescope_path: Path | None = None  # --gradescope
+    # Hidden checks: the instructor's seed and extra cases ("lab::function::check" -> [case]).
+    hidden_seed: int | None = None
+    hidden_cases: dict = field(default_factory=dict)
+    hidden_output: str = "name-only"  # or "full"
+    # Consecutive failures per "lab::function", from the pytest cache: drives progressive hints.
+    failures: dict[str, int] = field(default_factory=dict)
+    # One entry per graded item, in run order.
+    results: list[Result] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def root(self) -> Path:
+        return self.course.root
+
+    @property
+    def kata_dir(self) -> Path:
+        return self.course.katas
+
+    @property
+    def solutions_dir(self) -> Path:
+        return self.course.solutions
+
+    @property
+    def graders_dir(self) -> Path:
+        return self.course.graders
+
+    def rel(self, path: Path) -> str:
+        return self.course.rel(path)
+
+    def run(self) -> Run:
+        graded = self.rel(self.solutions_dir if self.grade_solutions else self.kata_dir)
+        return Run(list(self.results), self.seed, self.hidden_seed is not None, graded, self.interrupted)
+
+
+# The grading session: course, seed, results. Set in pytest_configure, only inside a course.
+SESSION = pytest.StashKey[KataSession]()

@@ -1,1 +1,0 @@
-"""One grader per lab, named like the kata file it grades (loaded by path, not imported by name)."""
