@@ -19,23 +19,18 @@ from diffusion_katas.engine.comparison import matches
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import HALF_STEP, STEP_MATH, Tol, for_dtype
+from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, sd_schedule, seed_from
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 SCHEDULES = {
-    "sd": dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012),  # Stable Diffusion
+    "sd": SD_BETAS,  # Stable Diffusion
     "ddpm": dict(beta_schedule="linear", beta_start=0.0001, beta_end=0.02),  # the DDPM paper
-    "zsnr": dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                 rescale_betas_zero_snr=True),  # ᾱ_{T−1} = 0 exactly: v-prediction only
+    "zsnr": sd_schedule(rescale_betas_zero_snr=True),  # ᾱ_{T−1} = 0 exactly: v-prediction only
 }
 
 
 def scheduler(cls, case: dict, **kw):
     return cls(num_train_timesteps=case.get("T", 1000), **SCHEDULES[case.get("schedule", "sd")],
                prediction_type=case.get("prediction_type", "epsilon"), **kw)
-
-
-def seed_from(g: torch.Generator) -> int:
-    return int(torch.randint(0, 2**31, (1,), generator=g))
 
 
 # Inputs and the global RNG: the plugin seeds the global RNG and `g` with the same number, so a learner

@@ -8,8 +8,6 @@ torch.linspace): T=1000 "linspace" n ∈ {27, 31, 47, …}, "trailing" n ∈ {48
 even yields 62 timesteps ending in −1. tests/labs/test_03_scheduler_reading.py checks every graded
 count against exact rational arithmetic, so any exact formula passes.
 """
-import warnings
-
 import torch
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
@@ -17,23 +15,16 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import SCHEDULE, SIGMA, STEP_MATH, TIMESTEP_INDEX
+from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers, sd_schedule
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 EULER = "diffusers.schedulers.scheduling_euler_discrete.EulerDiscreteScheduler"
 # Stable Diffusion's training schedule, and two short coarse ones on which interpolating σ and
 # interpolating ᾱ give visibly different answers between grid points.
-SD = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, num_train_timesteps=1000)
-COARSE_LINEAR = dict(beta_schedule="linear", beta_start=0.001, beta_end=0.2, num_train_timesteps=50)
-COARSE_SD = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.12, num_train_timesteps=100)
-SCHEDULES = {"SD": SD, "coarse linear T=50": COARSE_LINEAR, "coarse scaled_linear T=100": COARSE_SD}
-
-
-def euler_set_timesteps(s: EulerDiscreteScheduler, n: int) -> None:
-    # diffusers calls np.array on a torch tensor there, which numpy 2 answers with a DeprecationWarning
-    # that is no business of the learner's.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        s.set_timesteps(n)
+SCHEDULES = {
+    "SD": sd_schedule(num_train_timesteps=1000),
+    "coarse linear T=50": dict(beta_schedule="linear", beta_start=0.001, beta_end=0.2, num_train_timesteps=50),
+    "coarse scaled_linear T=100": sd_schedule(beta_end=0.12, num_train_timesteps=100),
+}
 
 
 def euler(schedule: str = "SD", *, n: int, spacing: str = "linspace", offset: int = 0, zero_snr: bool = False,
@@ -41,7 +32,8 @@ def euler(schedule: str = "SD", *, n: int, spacing: str = "linspace", offset: in
     """An EulerDiscreteScheduler with set_timesteps(n) already called."""
     s = EulerDiscreteScheduler(**SCHEDULES[schedule], timestep_spacing=spacing, steps_offset=offset,
                                rescale_betas_zero_snr=zero_snr, prediction_type=prediction_type)
-    euler_set_timesteps(s, n)
+    with quiet_diffusers():  # numpy 2 warns in set_timesteps: no business of the learner's
+        s.set_timesteps(n)
     # step warns unless scale_model_input ran first; the step check drives step alone on purpose.
     s.is_scale_input_called = True
     return s
@@ -187,7 +179,8 @@ euler_timesteps = Kata(
 def _(case, g):
     s = EulerDiscreteScheduler(num_train_timesteps=case.get("num_train_timesteps", 1000),
                                timestep_spacing=case["timestep_spacing"], steps_offset=case["steps_offset"])
-    euler_set_timesteps(s, case["num_inference_steps"])
+    with quiet_diffusers():
+        s.set_timesteps(case["num_inference_steps"])
     return Scenario(inputs=dict(case), expected=s.timesteps.clone())
 
 

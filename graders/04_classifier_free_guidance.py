@@ -1,12 +1,11 @@
 """Grader for lab 04 · Classifier-free guidance: combine, rescale, and one batched guided prediction.
 
 Every expected value comes from diffusers itself. Most are recorded live from a short run of a tiny
-random-weight StableDiffusionPipeline: wrappers around the UNet's forward, around scheduler.step and
-around the pipeline module's rescale_noise_cfg capture what the pipeline fed the UNet, what it got
-back, and the guided prediction it handed to the scheduler. rescale_noise_cfg is also called directly.
+random-weight StableDiffusionPipeline: a PipelineRecorder (hooks on the UNet, a wrapper around
+scheduler.step) and a wrapper around the pipeline module's rescale_noise_cfg capture what the pipeline
+fed the UNet, what it got back, and the guided prediction it handed to the scheduler.
+rescale_noise_cfg is also called directly.
 """
-import warnings
-
 import torch
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
@@ -15,12 +14,12 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 from diffusion_katas.engine import tiny
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import MODEL_FORWARD, STEP_MATH
+from diffusion_katas.engine.helpers import (DTYPES, SD_BETAS, DenoiserProbe, PipelineRecorder, quiet_diffusers,
+                                            seed_from)
 
 # Captured at import, before any answer-key lock can replace the module attribute.
 reference_rescale = sd_module.rescale_noise_cfg
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
-SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 SCHEDULERS = {
     # "leading" spacing (+ the steps_offset=1 the pipeline sets): t = 667, 334, 1 for 3 steps.
     "DDIM": lambda: DDIMScheduler(**SD_BETAS),
@@ -46,10 +45,10 @@ PIPELINE_KEYS = (
 def pipeline_run(case: dict, g: torch.Generator):
     """Run the tiny SD pipeline once and record every step.
 
-    Returns (steps, unet, prompt_embeds, negative_prompt_embeds). Each step is a dict with
-    t (the timestep the UNet got), unet_input (the latents as the UNet saw them: doubled when guiding,
-    already scheduler-scaled), unet_output, step_input (the model_output scheduler.step received) and,
-    when the pipeline rescaled, rescale = (noise_cfg, noise_pred_text, guidance_rescale).
+    Returns (steps, unet, prompt_embeds, negative_prompt_embeds, rescales). steps are PipelineRecorder's:
+    t (the timestep the UNet got), denoiser_input (the latents as the UNet saw them: doubled when guiding,
+    already scheduler-scaled), denoiser_output, step_input (the model_output scheduler.step received).
+    rescales[i] = (noise_cfg, noise_pred_text, guidance_rescale) when the pipeline rescaled at step i.
     """
     dtype = DTYPES[case.get("dtype", "float32")]
     unet = tiny.unet_cond().requires_grad_(False)
@@ -59,43 +58,29 @@ def pipeline_run(case: dict, g: torch.Generator):
     B = case["batch"]
     prompt_embeds = tiny.text_embeddings(B, g).to(dtype)
     negative_prompt_embeds = tiny.text_embeddings(B, g).to(dtype)
-    seed = int(torch.randint(0, 2**31, (1,), generator=g))
+    seed = seed_from(g)
 
-    steps: list[dict] = []
-    unet_forward, scheduler_step = unet.forward, pipe.scheduler.step
-
-    def recording_forward(sample, timestep, *args, **kwargs):
-        out = unet_forward(sample, timestep, *args, **kwargs)
-        steps.append(dict(t=timestep.clone(), unet_input=sample.clone(), unet_output=out[0].clone()))
-        return out
-
-    def recording_step(model_output, timestep, sample, *args, **kwargs):
-        steps[-1]["step_input"] = model_output.clone()
-        return scheduler_step(model_output, timestep, sample, *args, **kwargs)
+    rescales: dict[int, tuple] = {}
 
     def recording_rescale(noise_cfg, noise_pred_text, guidance_rescale=0.0):
-        steps[-1]["rescale"] = (noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale)
+        rescales[len(rec.steps) - 1] = (noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale)
         return reference_rescale(noise_cfg, noise_pred_text, guidance_rescale=guidance_rescale)
 
-    unet.forward, pipe.scheduler.step = recording_forward, recording_step
     sd_module.rescale_noise_cfg = recording_rescale
     try:
-        with warnings.catch_warnings():
-            # Euler's set_timesteps calls np.array on a tensor: numpy 2 warns about its copy keyword.
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with PipelineRecorder(pipe, unet) as rec, quiet_diffusers():
             pipe(prompt_embeds=prompt_embeds.clone(), negative_prompt_embeds=negative_prompt_embeds.clone(),
                  guidance_scale=case["guidance_scale"], guidance_rescale=case.get("guidance_rescale", 0.0),
                  num_inference_steps=case.get("steps", 3), height=16, width=16, output_type="latent",
                  generator=torch.Generator().manual_seed(seed))
     finally:
-        del unet.forward, pipe.scheduler.step
         sd_module.rescale_noise_cfg = reference_rescale
-    assert all("step_input" in s for s in steps), "the pipeline called the UNet without stepping"
-    return steps, unet, prompt_embeds, negative_prompt_embeds
+    assert all(s.step_input is not None for s in rec.steps), "the pipeline called the UNet without stepping"
+    return rec.steps, unet, prompt_embeds, negative_prompt_embeds, rescales
 
 
 def step_label(i: int, steps: list, case: dict) -> str:
-    t = steps[i]["t"]
+    t = steps[i].t
     t = t.item() if isinstance(t, torch.Tensor) else t
     return f"step {i + 1}/{len(steps)}, t={t:g}, guidance_scale={case['guidance_scale']}"
 
@@ -121,23 +106,23 @@ guidance_combine = Kata(
            dict(scheduler="DDIM", batch=2, guidance_scale=1.0)],
     tol=STEP_MATH)
 def _(case, g):
-    steps, unet, prompt_embeds, negative_prompt_embeds = pipeline_run(case, g)
+    steps, unet, prompt_embeds, negative_prompt_embeds, _ = pipeline_run(case, g)
     scenarios = []
     for i, s in enumerate(steps):
         label = step_label(i, steps, case)
         if case["guidance_scale"] > 1:
-            noise_uncond, noise_text = s["unet_output"].chunk(2)  # the pipeline's own split
+            noise_uncond, noise_text = s.denoiser_output.chunk(2)  # the pipeline's own split
         else:
             # At guidance_scale ≤ 1 the pipeline runs the text branch alone and steps with it; ask the
             # same UNet the unconditional question on the same input to have both branches.
-            noise_text = s["unet_output"]
+            noise_text = s.denoiser_output
             with torch.no_grad():
-                noise_uncond = unet(s["unet_input"], s["t"], encoder_hidden_states=negative_prompt_embeds).sample
+                noise_uncond = unet(s.denoiser_input, s.t, encoder_hidden_states=negative_prompt_embeds).sample
             label += " (no guidance: the pipeline steps with ε_c itself)"
         scenarios.append(Scenario(
             inputs=dict(noise_uncond=noise_uncond.clone(), noise_text=noise_text.clone(),
                         guidance_scale=case["guidance_scale"]),
-            expected=s["step_input"], label=label))
+            expected=s.step_input, label=label))
     return scenarios
 
 
@@ -227,13 +212,13 @@ def _(case, g):
            dict(scheduler="Euler", batch=3, guidance_scale=5.0, guidance_rescale=0.5, dtype="float16")],
     tol=STEP_MATH)
 def _(case, g):
-    steps, *_ = pipeline_run(case, g)
+    steps, *_, rescales = pipeline_run(case, g)
     scenarios = []
     for i, s in enumerate(steps):
-        noise_cfg, noise_text, phi = s["rescale"]  # what the pipeline handed to rescale_noise_cfg
+        noise_cfg, noise_text, phi = rescales[i]  # what the pipeline handed to rescale_noise_cfg
         scenarios.append(Scenario(
             inputs=dict(noise_cfg=noise_cfg, noise_text=noise_text, guidance_rescale=phi),
-            expected=s["step_input"], label=step_label(i, steps, case) + f", guidance_rescale={phi}"))
+            expected=s.step_input, label=step_label(i, steps, case) + f", guidance_rescale={phi}"))
     return scenarios
 
 
@@ -293,33 +278,10 @@ def _(noise_cfg, noise_text, guidance_rescale):
 
 
 # ---- guided_noise ---------------------------------------------------------------------------------------
-class CountingUNet(torch.nn.Module):
-    """The tiny UNet, counting the calls made through it and the batch size of each.
-
-    Attribute access (config, dtype, device, ...) falls through to the wrapped UNet2DConditionModel.
-    """
-
-    def __init__(self, unet):
-        super().__init__()
-        self.denoiser = unet
-        self.batch_sizes: list[int] = []
-
-    def forward(self, *args, **kwargs):
-        sample = args[0] if args else kwargs.get("sample")
-        self.batch_sizes.append(int(sample.shape[0]) if isinstance(sample, torch.Tensor) else -1)
-        return self.denoiser(*args, **kwargs)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.__dict__["_modules"]["denoiser"], name)
-
-    def __repr__(self):
-        return "UNet2DConditionModel(tiny, random weights; calls counted)"
+COUNTED_UNET = "UNet2DConditionModel(tiny, random weights; calls counted)"  # the probe's repr in messages
 
 
-def one_batched_call(counter: CountingUNet, B: int, guidance_scale: float):
+def one_batched_call(counter: DenoiserProbe, B: int, guidance_scale: float):
     """A Scenario.verify: exactly one denoiser call, on 2B samples (or on B when there is no guidance)."""
 
     def verify(_output):
@@ -365,16 +327,16 @@ guided_noise = Kata(
            dict(scheduler="DDIM", batch=2, guidance_scale=1.0)],
     tol=MODEL_FORWARD)
 def _(case, g):
-    steps, unet, prompt_embeds, negative_prompt_embeds = pipeline_run(case, g)
+    steps, unet, prompt_embeds, negative_prompt_embeds, _ = pipeline_run(case, g)
     B, gs = case["batch"], case["guidance_scale"]
     scenarios = []
     for i, s in enumerate(steps):
-        counter = CountingUNet(unet)
+        counter = DenoiserProbe(unet, label=COUNTED_UNET)
         scenarios.append(Scenario(
-            inputs=dict(unet=counter, latents=s["unet_input"][:B].clone(), timestep=s["t"],
+            inputs=dict(unet=counter, latents=s.denoiser_input[:B].clone(), timestep=s.t,
                         prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds,
                         guidance_scale=gs, guidance_rescale=case.get("guidance_rescale", 0.0)),
-            expected=s["step_input"],
+            expected=s.step_input,
             label=step_label(i, steps, case)
             + (", latents already ÷√(σ²+1)" if case["scheduler"] == "Euler" else ""),
             verify=one_batched_call(counter, B, gs)))
@@ -429,14 +391,14 @@ def _(learner, g):
     from diffusion_katas.core.spec import Measurement
 
     B, steps = 2, 4
-    counter = CountingUNet(tiny.unet_cond().requires_grad_(False))
+    counter = DenoiserProbe(tiny.unet_cond().requires_grad_(False), label=COUNTED_UNET)
     prompt, negative = tiny.text_embeddings(B, g), tiny.text_embeddings(B, g)
     for t in torch.linspace(999, 1, steps).long():
         latents = torch.randn((B, tiny.LATENT_CHANNELS, 8, 8), generator=g)
         learner(unet=counter, latents=latents, timestep=t, prompt_embeds=prompt,
                 negative_prompt_embeds=negative, guidance_scale=7.5, guidance_rescale=0.0)
     return [
-        Measurement(f"denoiser calls over {steps} guided steps", len(counter.batch_sizes), steps, "calls",
+        Measurement(f"denoiser calls over {steps} guided steps", counter.calls, steps, "calls",
                     "one call per step: both branches ride in one batch of 2B (the UNet's cost per step "
                     "is set by its calls; two calls of B pay the launch and weight traffic twice)"),
         Measurement("smallest batch the denoiser saw", -min(counter.batch_sizes, default=0), -2 * B, "",

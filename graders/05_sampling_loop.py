@@ -13,6 +13,7 @@ against the pipeline's (one call per timestep, in the order of scheduler.timeste
 the UNet's dtype). A deviation fails at once with a diagnosis; too few calls fail in Scenario.verify.
 The learner's scheduler is an equal fresh copy of the pipeline's that still holds the timesteps of an
 earlier 4-step run, as a reused scheduler would; its step checks that it gets the t the UNet just got.
+Both wrappers are defined at the end of the file, after the katas.
 """
 from __future__ import annotations
 
@@ -28,32 +29,19 @@ from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, seed_from
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 PIPELINES = {"ddpm": (DDPMPipeline, DDPMScheduler), "ddim": (DDIMPipeline, DDIMScheduler)}
-# The learner's scheduler arrives holding the schedule of an earlier run with this many steps.
-STALE_STEPS = 4
 PIPELINE_CALLS = ("diffusers.pipelines.ddpm.pipeline_ddpm.DDPMPipeline.__call__",
                   "diffusers.pipelines.ddim.pipeline_ddim.DDIMPipeline.__call__")
-
-
-def _seed(g: torch.Generator) -> int:
-    return int(torch.randint(0, 2**31, (1,), generator=g))
 
 
 def _unet(case: dict):
     unet = tiny.unet2d(sample_size=case.get("size", 16), channels=case.get("channels", 3))
     # .half(), not .to(torch.float16): ModelMixin.to logs a warning about modules kept in float32.
     return unet.half() if case.get("dtype") == "float16" else unet
-
-
-def _short(values: list) -> str:
-    values = list(values)
-    if len(values) <= 8:
-        return str(values)
-    return "[" + ", ".join(map(str, values[:4])) + ", …, " + ", ".join(map(str, values[-2:])) + "]"
 
 
 # ---- the reference: one pipeline run, recorded ------------------------------------------------------
@@ -69,30 +57,290 @@ def run_pipeline(kind: str, unet, batch_size: int, steps: int, seed: int, eta=No
     pipe_cls, scheduler_cls = PIPELINES[kind]
     pipe = pipe_cls(unet=unet, scheduler=scheduler_cls(**scheduler_config))
     pipe.set_progress_bar_config(disable=True)
-    seen: dict = {}
-    step = pipe.scheduler.step
-
-    def recording_step(*args, **kwargs):
-        out = step(*args, **kwargs)
-        seen["sample"] = out.prev_sample  # overwritten every step: the last one is x_0
-        return out
-
-    def first_input(module, args):
-        seen.setdefault("first", args[0].clone())
-
-    pipe.scheduler.step = recording_step  # an instance attribute: this pipeline's scheduler only
-    hook = unet.register_forward_pre_hook(first_input)
-    try:
-        kwargs = {} if eta is None else {"eta": eta}
+    kwargs = {} if eta is None else {"eta": eta}
+    with PipelineRecorder(pipe, unet) as rec:
         out = pipe(batch_size=batch_size, generator=torch.Generator().manual_seed(seed),
                    num_inference_steps=steps, output_type="pt", **kwargs)
-    finally:
-        hook.remove()
-        del pipe.scheduler.step
     args = f"batch_size={batch_size}, num_inference_steps={steps}" + ("" if eta is None else f", eta={eta}")
     config = ", ".join(f"{k}={v!r}" for k, v in scheduler_config.items())
-    return Run(out.images, seen["sample"], seen["first"], pipe.scheduler,
+    return Run(out.images, rec.final, rec.steps[0].denoiser_input, pipe.scheduler,
                f"{pipe_cls.__name__}({args}) · {scheduler_cls.__name__}({config}) · {unet.dtype}")
+
+
+# ---- initial_noise -----------------------------------------------------------------------------------
+initial_noise = Kata(
+    "initial_noise",
+    hints=(
+        "The pipeline starts from pure Gaussian noise, drawn in a single call from the generator it was given.",
+        "x_T ~ N(0, I) with shape (B, C, size, size): one torch.randn call with generator=generator and "
+        "dtype=dtype (the UNet's dtype).",
+        "return torch.randn((batch_size, channels, size, size), generator=generator, dtype=dtype)",
+    ),
+    answer_key=("diffusers.utils.torch_utils.randn_tensor",
+                "diffusers.pipelines.ddpm.pipeline_ddpm.randn_tensor",
+                "diffusers.pipelines.ddim.pipeline_ddim.randn_tensor",
+                *PIPELINE_CALLS),
+)
+
+
+@initial_noise.check("vs the pipeline's first UNet input",
+                     cases=[dict(pipeline="ddpm", batch=2, channels=3, size=16, dtype="float32"),
+                            dict(pipeline="ddim", batch=3, channels=3, size=10, dtype="float32"),
+                            dict(pipeline="ddpm", batch=2, channels=4, size=8, dtype="float16")],
+                     tol=EXACT)
+def _(case, g):
+    seed = seed_from(g)
+    unet = _unet(case)
+    run = run_pipeline(case["pipeline"], unet, case["batch"], 1, seed)  # one step: only x_T matters
+    inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
+                  generator=torch.Generator().manual_seed(seed), dtype=unet.dtype)
+    return Scenario(inputs=inputs, expected=run.first, label=f"x_T of {run.name}")
+
+
+@initial_noise.check("vs randn_tensor, more shapes",
+                     cases=[dict(batch=4, channels=4, size=8, dtype="float16"),
+                            dict(batch=3, channels=1, size=5, dtype="float32"),
+                            dict(batch=1, channels=3, size=32, dtype="float32")],
+                     tol=EXACT)
+def _(case, g):
+    seed = seed_from(g)
+    dtype = DTYPES[case["dtype"]]
+    shape = (case["batch"], case["channels"], case["size"], case["size"])
+    expected = randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
+                  generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return Scenario(inputs=inputs, expected=expected)
+
+
+@initial_noise.trap("one torch.randn call per image",
+                    hint="randn_tensor draws the whole batch in one call. Per-image draws from the same "
+                         "generator cut the random stream differently (torch's CPU sampler fills blocks of "
+                         "16 values), so they only agree when C·H·W is a multiple of 16.")
+def _(batch_size, channels, size, generator, dtype):
+    return torch.cat([torch.randn((1, channels, size, size), generator=generator, dtype=dtype)
+                      for _ in range(batch_size)])
+
+
+@initial_noise.trap("uniform noise (torch.rand) instead of Gaussian",
+                    hint="Diffusion starts from N(0, I): torch.randn, not torch.rand (uniform on [0, 1)).")
+def _(batch_size, channels, size, generator, dtype):
+    return torch.rand((batch_size, channels, size, size), generator=generator, dtype=dtype)
+
+
+@initial_noise.trap("channels last: (B, H, W, C)",
+                    hint="diffusers models take (B, C, H, W): channels right after the batch.")
+def _(batch_size, channels, size, generator, dtype):
+    return torch.randn((batch_size, size, size, channels), generator=generator, dtype=dtype)
+
+
+# ---- sampling_loop -----------------------------------------------------------------------------------
+sampling_loop = Kata(
+    "sampling_loop",
+    hints=(
+        "The scheduler owns the loop: set its timesteps for this run, visit each one, call the UNet once, "
+        "and let scheduler.step produce the next sample from that prediction.",
+        "set_timesteps(n); for t in scheduler.timesteps: ε̂ = unet(x, t).sample; "
+        "x = scheduler.step(ε̂, t, x, generator=generator[, eta=eta]).prev_sample. "
+        "Under torch.no_grad(), no clamping; return the last x.",
+        "scheduler.set_timesteps(num_inference_steps); kw = {} if eta is None else {'eta': eta}; x = noise; "
+        "with torch.no_grad(): for t in scheduler.timesteps: "
+        "x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample; return x",
+    ),
+    answer_key=PIPELINE_CALLS,
+)
+
+DDPM_CASES = [
+    dict(batch=2, steps=10),  # the default leading spacing: 900 … 0
+    dict(batch=2, steps=6, dtype="float16", scheduler=dict(timestep_spacing="linspace")),  # 999 … 0
+    dict(batch=1, steps=5, scheduler=dict(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2",
+                                          clip_sample=False)),
+]
+DDIM_CASES = [
+    dict(batch=3, steps=8, eta=0.0),  # leading: 875 … 0
+    dict(batch=2, steps=8, eta=1.0, scheduler=dict(timestep_spacing="trailing")),  # 999 … 124
+    dict(batch=2, steps=5, eta=0.5, dtype="float16", scheduler=dict(timestep_spacing="linspace")),
+]
+
+
+@sampling_loop.check("vs DDPMPipeline, pre-clamp sample", cases=DDPM_CASES, tol=EXACT)
+def _(case, g):
+    return _loop_scenario("ddpm", case, g, whole_pipeline=False)
+
+
+@sampling_loop.check("vs DDIMPipeline, η 0/½/1, pre-clamp", cases=DDIM_CASES, tol=EXACT)
+def _(case, g):
+    return _loop_scenario("ddim", case, g, whole_pipeline=False)
+
+
+@sampling_loop.trap("scheduler.step called without generator=",
+                    hint="DDPM (and DDIM with η > 0) add fresh noise in step. Without generator= it comes "
+                         "from the global RNG: pass the same generator that drew the initial noise.")
+def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
+    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, use_generator=False)
+
+
+@sampling_loop.trap("eta not passed to scheduler.step (DDIM ran with η = 0)",
+                    hint="η is an argument of DDIMScheduler.step, not of the scheduler: "
+                         "scheduler.step(..., eta=eta, generator=generator) when eta is not None.")
+def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
+    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, pass_eta=False)
+
+
+@sampling_loop.trap("the sample clamped to [-1, 1] inside the loop",
+                    hint="Leave x alone between steps (the scheduler clips only its x_0 estimate, "
+                         "internally); clamping belongs to the output stage, after the last step.")
+def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
+    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, clamp=True)
+
+
+# ---- to_image ----------------------------------------------------------------------------------------
+to_image = Kata(
+    "to_image",
+    hints=(
+        "The model works in [-1, 1]; images live in [0, 1]. Rescale, then cut off what falls outside.",
+        "image = clamp(x/2 + ½, 0, 1).",
+        "return (sample / 2 + 0.5).clamp(0, 1)",
+    ),
+    answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess",
+                "diffusers.image_processor.VaeImageProcessor.denormalize", *PIPELINE_CALLS),
+)
+
+
+@to_image.check("vs the pipelines' output_type='pt'",
+                cases=[dict(pipeline="ddpm", batch=2, steps=4),
+                       dict(pipeline="ddim", batch=2, steps=4, eta=1.0, dtype="float16")],
+                tol=EXACT)
+def _(case, g):
+    # clip_sample=False: otherwise x_0 is the clipped x̂_0, already inside [-1, 1], and the clamp is idle.
+    run = run_pipeline(case["pipeline"], _unet(case), case["batch"], case["steps"], seed_from(g), case.get("eta"),
+                       clip_sample=False)
+    outside = int((run.sample.abs() > 1).sum())
+    return Scenario(inputs=dict(sample=run.sample), expected=run.images,
+                    label=f"the last sample of {run.name} ({outside} of {run.sample.numel()} values outside [-1, 1])")
+
+
+@to_image.check("vs VaeImageProcessor.postprocess",
+                cases=[dict(shape=(3, 3, 8, 8), dtype="float32"), dict(shape=(2, 4, 6, 6), dtype="float16")],
+                tol=EXACT)
+def _(case, g):
+    sample = (1.5 * torch.randn(case["shape"], generator=g)).to(DTYPES[case["dtype"]])  # some beyond ±1
+    expected = VaeImageProcessor().postprocess(sample.clone(), output_type="pt")
+    return Scenario(inputs=dict(sample=sample), expected=expected)
+
+
+@to_image.trap("rescaled but not clamped",
+               hint="x/2 + ½ still leaves values outside [0, 1] where x left [-1, 1]: clamp(0, 1) after rescaling.")
+def _(sample):
+    return sample / 2 + 0.5
+
+
+@to_image.trap("clamped but not rescaled",
+               hint="Map [-1, 1] onto [0, 1] first (x/2 + ½), then clamp: clamping alone throws away "
+                    "the negative half.")
+def _(sample):
+    return sample.clamp(0, 1)
+
+
+@to_image.trap("scaled to 0-255",
+               hint="output_type='pt' returns floats in [0, 1]; ×255 and rounding happen only for PIL images.")
+def _(sample):
+    return (sample / 2 + 0.5).clamp(0, 1) * 255
+
+
+# ---- generate ----------------------------------------------------------------------------------------
+generate = Kata(
+    "generate",
+    hints=(
+        "Chain your three functions the way the pipeline does, with one generator throughout.",
+        "noise = initial_noise(B, unet.config.in_channels, unet.config.sample_size, generator, unet.dtype); "
+        "image = to_image(sampling_loop(unet, scheduler, noise, n, generator, eta)).",
+        "noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, generator, "
+        "unet.dtype); return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))",
+    ),
+    answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess", *PIPELINE_CALLS),
+    # the schedulers' own step draws its noise with randn_tensor: only the learner's direct call is refused
+    answer_key_direct=("diffusers.utils.torch_utils.randn_tensor",),
+)
+
+
+@generate.check("vs DDPMPipeline images, end to end", cases=[dict(batch=2, steps=8)], tol=EXACT)
+def _(case, g):
+    return _loop_scenario("ddpm", case, g, whole_pipeline=True)
+
+
+@generate.check("vs DDIMPipeline images, end to end",
+                cases=[dict(batch=3, steps=6, eta=1.0, size=8, dtype="float16",
+                             scheduler=dict(timestep_spacing="trailing"))],
+                tol=EXACT)
+def _(case, g):
+    return _loop_scenario("ddim", case, g, whole_pipeline=True)
+
+
+def _draw(unet, batch_size, generator):
+    c = unet.config
+    return torch.randn((batch_size, c.in_channels, c.sample_size, c.sample_size), generator=generator,
+                       dtype=unet.dtype)
+
+
+@generate.trap("the sample returned before to_image",
+               hint="The pipeline's last stage maps x to (x/2 + ½).clamp(0, 1); return images, not x_0.")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    return _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta)
+
+
+@generate.trap("scheduler.step called without generator=",
+               hint="One generator drives everything: it draws x_T, then every step's noise. Pass it on.")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    x = _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta,
+              use_generator=False)
+    return (x / 2 + 0.5).clamp(0, 1)
+
+
+@generate.trap("eta not passed on to the loop (DDIM ran with η = 0)",
+               hint="generate receives eta for the scheduler: hand it to sampling_loop(..., eta=eta).")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    x = _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta,
+              pass_eta=False)
+    return (x / 2 + 0.5).clamp(0, 1)
+
+
+# ---- the learner's scheduler and UNet, checked call by call (after the katas: used at run time) -----
+# The learner's scheduler arrives holding the schedule of an earlier run with this many steps.
+STALE_STEPS = 4
+
+
+def _loop_scenario(kind: str, case: dict, g, *, whole_pipeline: bool) -> Scenario:
+    seed = seed_from(g)
+    unet = _unet(case)
+    batch, steps, eta = case["batch"], case["steps"], case.get("eta")
+    run = run_pipeline(kind, unet, batch, steps, seed, eta, **case.get("scheduler", {}))
+    generator = torch.Generator().manual_seed(seed)
+    scheduler = learner_scheduler(run.scheduler)
+    counted = CountedUNet(unet, run.scheduler.timesteps, run.first.shape, seed,
+                          stale=[int(t) for t in scheduler.timesteps])
+    scheduler.kata_unet = counted  # its step checks the timestep against the UNet's last call
+    label = f"{run.name} · timesteps {_short(counted.expected)}"
+    if whole_pipeline:
+        inputs = dict(unet=counted, scheduler=scheduler, batch_size=batch, num_inference_steps=steps,
+                      generator=generator)
+        expected = run.images
+    else:
+        noise = torch.randn(run.first.shape, generator=generator, dtype=unet.dtype)
+        if not torch.equal(noise, run.first):  # a grader self-check, not the learner's fault
+            raise RuntimeError("grader: the pipeline's initial noise is no longer one torch.randn call")
+        inputs = dict(unet=counted, scheduler=scheduler, noise=noise, num_inference_steps=steps,
+                      generator=generator)
+        expected = run.sample
+    if eta is not None:
+        inputs["eta"] = eta
+    return Scenario(inputs=inputs, expected=expected, label=label, verify=counted.verify)
+
+
+def learner_scheduler(reference):
+    """A fresh scheduler equal to the pipeline's, left holding an earlier run's timesteps."""
+    scheduler = _learner_class(type(reference)).from_config(reference.config)
+    scheduler.set_timesteps(STALE_STEPS)
+    return scheduler
 
 
 @functools.cache
@@ -120,24 +368,26 @@ def _learner_class(cls):
                     "loop index (or any other number) is not a timestep.")
         return cls.step(self, model_output, timestep, sample, *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__repr__": __repr__, "step": step, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__})
+    def __reduce__(self):  # the runner receives its inputs pickled; this class is made here, not importable
+        return _rebuild_learner_scheduler, (cls, self.__dict__)
+
+    return type(cls.__name__, (cls,), {"__repr__": __repr__, "step": step, "__reduce__": __reduce__,
+                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
 
-def learner_scheduler(reference):
-    """A fresh scheduler equal to the pipeline's, left holding an earlier run's timesteps."""
-    scheduler = _learner_class(type(reference)).from_config(reference.config)
-    scheduler.set_timesteps(STALE_STEPS)
+def _rebuild_learner_scheduler(cls, state: dict):
+    scheduler = object.__new__(_learner_class(cls))
+    scheduler.__dict__.update(state)
     return scheduler
 
 
-# ---- the learner's UNet -------------------------------------------------------------------------------
 def _t_values(timestep) -> list[int]:
     if isinstance(timestep, torch.Tensor):
         return sorted({int(v) for v in timestep.flatten().tolist()})
     return [int(timestep)]
 
 
+# Not the shared DenoiserProbe: it checks each call against the pipeline's as it comes, and reseeds the global RNG.
 class CountedUNet:
     """The tiny UNet as the learner gets it: each call is checked against the pipeline's calls."""
 
@@ -258,266 +508,8 @@ def _loop(unet, scheduler, x, steps, generator, eta, *, use_generator=True, pass
     return x
 
 
-def _loop_scenario(kind: str, case: dict, g, *, whole_pipeline: bool) -> Scenario:
-    seed = _seed(g)
-    unet = _unet(case)
-    batch, steps, eta = case["batch"], case["steps"], case.get("eta")
-    run = run_pipeline(kind, unet, batch, steps, seed, eta, **case.get("scheduler", {}))
-    generator = torch.Generator().manual_seed(seed)
-    scheduler = learner_scheduler(run.scheduler)
-    counted = CountedUNet(unet, run.scheduler.timesteps, run.first.shape, seed,
-                          stale=[int(t) for t in scheduler.timesteps])
-    scheduler.kata_unet = counted  # its step checks the timestep against the UNet's last call
-    label = f"{run.name} · timesteps {_short(counted.expected)}"
-    if whole_pipeline:
-        inputs = dict(unet=counted, scheduler=scheduler, batch_size=batch, num_inference_steps=steps,
-                      generator=generator)
-        expected = run.images
-    else:
-        noise = torch.randn(run.first.shape, generator=generator, dtype=unet.dtype)
-        if not torch.equal(noise, run.first):  # a grader self-check, not the learner's fault
-            raise RuntimeError("grader: the pipeline's initial noise is no longer one torch.randn call")
-        inputs = dict(unet=counted, scheduler=scheduler, noise=noise, num_inference_steps=steps,
-                      generator=generator)
-        expected = run.sample
-    if eta is not None:
-        inputs["eta"] = eta
-    return Scenario(inputs=inputs, expected=expected, label=label, verify=counted.verify)
-
-
-# ---- initial_noise -----------------------------------------------------------------------------------
-initial_noise = Kata(
-    "initial_noise",
-    hints=(
-        "The pipeline starts from pure Gaussian noise, drawn in a single call from the generator it was given.",
-        "x_T ~ N(0, I) with shape (B, C, size, size): one torch.randn call with generator=generator and "
-        "dtype=dtype (the UNet's dtype).",
-        "return torch.randn((batch_size, channels, size, size), generator=generator, dtype=dtype)",
-    ),
-    answer_key=("diffusers.utils.torch_utils.randn_tensor",
-                "diffusers.pipelines.ddpm.pipeline_ddpm.randn_tensor",
-                "diffusers.pipelines.ddim.pipeline_ddim.randn_tensor",
-                *PIPELINE_CALLS),
-)
-
-
-@initial_noise.check("vs the pipeline's first UNet input",
-                     cases=[dict(pipeline="ddpm", batch=2, channels=3, size=16, dtype="float32"),
-                            dict(pipeline="ddim", batch=3, channels=3, size=10, dtype="float32"),
-                            dict(pipeline="ddpm", batch=2, channels=4, size=8, dtype="float16")],
-                     tol=EXACT)
-def _(case, g):
-    seed = _seed(g)
-    unet = _unet(case)
-    run = run_pipeline(case["pipeline"], unet, case["batch"], 1, seed)  # one step: only x_T matters
-    inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
-                  generator=torch.Generator().manual_seed(seed), dtype=unet.dtype)
-    return Scenario(inputs=inputs, expected=run.first, label=f"x_T of {run.name}")
-
-
-@initial_noise.check("vs randn_tensor, more shapes",
-                     cases=[dict(batch=4, channels=4, size=8, dtype="float16"),
-                            dict(batch=3, channels=1, size=5, dtype="float32"),
-                            dict(batch=1, channels=3, size=32, dtype="float32")],
-                     tol=EXACT)
-def _(case, g):
-    seed = _seed(g)
-    dtype = DTYPES[case["dtype"]]
-    shape = (case["batch"], case["channels"], case["size"], case["size"])
-    expected = randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
-                  generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    return Scenario(inputs=inputs, expected=expected)
-
-
-@initial_noise.trap("one torch.randn call per image",
-                    hint="randn_tensor draws the whole batch in one call. Per-image draws from the same "
-                         "generator cut the random stream differently (torch's CPU sampler fills blocks of "
-                         "16 values), so they only agree when C·H·W is a multiple of 16.")
-def _(batch_size, channels, size, generator, dtype):
-    return torch.cat([torch.randn((1, channels, size, size), generator=generator, dtype=dtype)
-                      for _ in range(batch_size)])
-
-
-@initial_noise.trap("uniform noise (torch.rand) instead of Gaussian",
-                    hint="Diffusion starts from N(0, I): torch.randn, not torch.rand (uniform on [0, 1)).")
-def _(batch_size, channels, size, generator, dtype):
-    return torch.rand((batch_size, channels, size, size), generator=generator, dtype=dtype)
-
-
-@initial_noise.trap("channels last: (B, H, W, C)",
-                    hint="diffusers models take (B, C, H, W): channels right after the batch.")
-def _(batch_size, channels, size, generator, dtype):
-    return torch.randn((batch_size, size, size, channels), generator=generator, dtype=dtype)
-
-
-# ---- sampling_loop -----------------------------------------------------------------------------------
-sampling_loop = Kata(
-    "sampling_loop",
-    hints=(
-        "The scheduler owns the loop: set its timesteps for this run, visit each one, call the UNet once, "
-        "and let scheduler.step produce the next sample from that prediction.",
-        "set_timesteps(n); for t in scheduler.timesteps: ε̂ = unet(x, t).sample; "
-        "x = scheduler.step(ε̂, t, x, generator=generator[, eta=eta]).prev_sample. "
-        "Under torch.no_grad(), no clamping; return the last x.",
-        "scheduler.set_timesteps(num_inference_steps); kw = {} if eta is None else {'eta': eta}; x = noise; "
-        "with torch.no_grad(): for t in scheduler.timesteps: "
-        "x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample; return x",
-    ),
-    answer_key=PIPELINE_CALLS,
-)
-
-DDPM_CASES = [
-    dict(batch=2, steps=10),  # the default leading spacing: 900 … 0
-    dict(batch=2, steps=6, dtype="float16", scheduler=dict(timestep_spacing="linspace")),  # 999 … 0
-    dict(batch=1, steps=5, scheduler=dict(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2",
-                                          clip_sample=False)),
-]
-DDIM_CASES = [
-    dict(batch=3, steps=8, eta=0.0),  # leading: 875 … 0
-    dict(batch=2, steps=8, eta=1.0, scheduler=dict(timestep_spacing="trailing")),  # 999 … 124
-    dict(batch=2, steps=5, eta=0.5, dtype="float16", scheduler=dict(timestep_spacing="linspace")),
-]
-
-
-@sampling_loop.check("vs DDPMPipeline, pre-clamp sample", cases=DDPM_CASES, tol=EXACT)
-def _(case, g):
-    return _loop_scenario("ddpm", case, g, whole_pipeline=False)
-
-
-@sampling_loop.check("vs DDIMPipeline, η 0/½/1, pre-clamp", cases=DDIM_CASES, tol=EXACT)
-def _(case, g):
-    return _loop_scenario("ddim", case, g, whole_pipeline=False)
-
-
-@sampling_loop.trap("scheduler.step called without generator=",
-                    hint="DDPM (and DDIM with η > 0) add fresh noise in step. Without generator= it comes "
-                         "from the global RNG: pass the same generator that drew the initial noise.")
-def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
-    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, use_generator=False)
-
-
-@sampling_loop.trap("eta not passed to scheduler.step (DDIM ran with η = 0)",
-                    hint="η is an argument of DDIMScheduler.step, not of the scheduler: "
-                         "scheduler.step(..., eta=eta, generator=generator) when eta is not None.")
-def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
-    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, pass_eta=False)
-
-
-@sampling_loop.trap("the sample clamped to [-1, 1] inside the loop",
-                    hint="Leave x alone between steps (the scheduler clips only its x_0 estimate, "
-                         "internally); clamping belongs to the output stage, after the last step.")
-def _(unet, scheduler, noise, num_inference_steps, generator, eta=None):
-    return _loop(unet, scheduler, noise, num_inference_steps, generator, eta, clamp=True)
-
-
-# ---- to_image ----------------------------------------------------------------------------------------
-to_image = Kata(
-    "to_image",
-    hints=(
-        "The model works in [-1, 1]; images live in [0, 1]. Rescale, then cut off what falls outside.",
-        "image = clamp(x/2 + ½, 0, 1).",
-        "return (sample / 2 + 0.5).clamp(0, 1)",
-    ),
-    answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess",
-                "diffusers.image_processor.VaeImageProcessor.denormalize", *PIPELINE_CALLS),
-)
-
-
-@to_image.check("vs the pipelines' output_type='pt'",
-                cases=[dict(pipeline="ddpm", batch=2, steps=4),
-                       dict(pipeline="ddim", batch=2, steps=4, eta=1.0, dtype="float16")],
-                tol=EXACT)
-def _(case, g):
-    # clip_sample=False: otherwise x_0 is the clipped x̂_0, already inside [-1, 1], and the clamp is idle.
-    run = run_pipeline(case["pipeline"], _unet(case), case["batch"], case["steps"], _seed(g), case.get("eta"),
-                       clip_sample=False)
-    outside = int((run.sample.abs() > 1).sum())
-    return Scenario(inputs=dict(sample=run.sample), expected=run.images,
-                    label=f"the last sample of {run.name} ({outside} of {run.sample.numel()} values outside [-1, 1])")
-
-
-@to_image.check("vs VaeImageProcessor.postprocess",
-                cases=[dict(shape=(3, 3, 8, 8), dtype="float32"), dict(shape=(2, 4, 6, 6), dtype="float16")],
-                tol=EXACT)
-def _(case, g):
-    sample = (1.5 * torch.randn(case["shape"], generator=g)).to(DTYPES[case["dtype"]])  # some beyond ±1
-    expected = VaeImageProcessor().postprocess(sample.clone(), output_type="pt")
-    return Scenario(inputs=dict(sample=sample), expected=expected)
-
-
-@to_image.trap("rescaled but not clamped",
-               hint="x/2 + ½ still leaves values outside [0, 1] where x left [-1, 1]: clamp(0, 1) after rescaling.")
-def _(sample):
-    return sample / 2 + 0.5
-
-
-@to_image.trap("clamped but not rescaled",
-               hint="Map [-1, 1] onto [0, 1] first (x/2 + ½), then clamp: clamping alone throws away "
-                    "the negative half.")
-def _(sample):
-    return sample.clamp(0, 1)
-
-
-@to_image.trap("scaled to 0-255",
-               hint="output_type='pt' returns floats in [0, 1]; ×255 and rounding happen only for PIL images.")
-def _(sample):
-    return (sample / 2 + 0.5).clamp(0, 1) * 255
-
-
-# ---- generate ----------------------------------------------------------------------------------------
-generate = Kata(
-    "generate",
-    hints=(
-        "Chain your three functions the way the pipeline does, with one generator throughout.",
-        "noise = initial_noise(B, unet.config.in_channels, unet.config.sample_size, generator, unet.dtype); "
-        "image = to_image(sampling_loop(unet, scheduler, noise, n, generator, eta)).",
-        "noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, generator, "
-        "unet.dtype); return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))",
-    ),
-    answer_key=("diffusers.utils.torch_utils.randn_tensor",
-                "diffusers.pipelines.ddpm.pipeline_ddpm.randn_tensor",
-                "diffusers.pipelines.ddim.pipeline_ddim.randn_tensor",
-                "diffusers.image_processor.VaeImageProcessor.postprocess", *PIPELINE_CALLS),
-)
-
-
-@generate.check("vs DDPMPipeline images, end to end", cases=[dict(batch=2, steps=8)], tol=EXACT)
-def _(case, g):
-    return _loop_scenario("ddpm", case, g, whole_pipeline=True)
-
-
-@generate.check("vs DDIMPipeline images, end to end",
-                cases=[dict(batch=3, steps=6, eta=1.0, size=8, dtype="float16",
-                             scheduler=dict(timestep_spacing="trailing"))],
-                tol=EXACT)
-def _(case, g):
-    return _loop_scenario("ddim", case, g, whole_pipeline=True)
-
-
-def _draw(unet, batch_size, generator):
-    c = unet.config
-    return torch.randn((batch_size, c.in_channels, c.sample_size, c.sample_size), generator=generator,
-                       dtype=unet.dtype)
-
-
-@generate.trap("the sample returned before to_image",
-               hint="The pipeline's last stage maps x to (x/2 + ½).clamp(0, 1); return images, not x_0.")
-def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
-    return _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta)
-
-
-@generate.trap("scheduler.step called without generator=",
-               hint="One generator drives everything: it draws x_T, then every step's noise. Pass it on.")
-def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
-    x = _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta,
-              use_generator=False)
-    return (x / 2 + 0.5).clamp(0, 1)
-
-
-@generate.trap("eta not passed on to the loop (DDIM ran with η = 0)",
-               hint="generate receives eta for the scheduler: hand it to sampling_loop(..., eta=eta).")
-def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
-    x = _loop(unet, scheduler, _draw(unet, batch_size, generator), num_inference_steps, generator, eta,
-              pass_eta=False)
-    return (x / 2 + 0.5).clamp(0, 1)
+def _short(values: list) -> str:
+    values = list(values)
+    if len(values) <= 8:
+        return str(values)
+    return "[" + ", ".join(map(str, values[:4])) + ", …, " + ", ".join(map(str, values[-2:])) + "]"

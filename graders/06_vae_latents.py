@@ -4,14 +4,13 @@ References are live diffusers code on tiny random-weight VAEs (plugin/tiny.py): 
 StableDiffusionPipeline (its vae_scale_factor, and a whole call for decode), the inpaint pipeline's
 _encode_vae_image, retrieve_latents and VaeImageProcessor.
 
-Two workarounds live here (the framework has no hook for them yet):
+Two workarounds live here (the framework has no hook for them yet; the numpy one ends the file):
 - numpy outputs ("np", uint8): diffusion_katas.engine.comparison handles tensors, not arrays, so those scenarios compare in
   their `verify` (array -> tensor, then diffusion_katas.engine.comparison.mismatch) and name the kata's traps themselves.
 - "sampled without the generator": the learner's draw comes from the global RNG, so each encode
   scenario records the global RNG state it hands over; that trap replays the draw from it.
 """
 import types
-import warnings
 
 import numpy as np
 import torch
@@ -25,11 +24,11 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.comparison import describe, mismatch
+from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, quiet_diffusers, seed_from
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT, STEP_MATH, VAE_FORWARD, VAE_HALF, Tol
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 SD15, SDXL = 0.18215, 0.13025  # the scaling factors of Stable Diffusion 1.x's VAE and SDXL's VAE
 PIPELINE_PATH = "diffusers.pipelines.stable_diffusion"
 
@@ -49,59 +48,6 @@ def vae_with_blocks(n: int) -> AutoencoderKL:
     ).eval()
 
 
-def seed_from(g: torch.Generator) -> int:
-    return int(torch.randint(0, 2**31, (1,), generator=g))
-
-
-# ---- numpy outputs: compared in `verify`, traps named there -------------------------------------------
-class _CheckedInVerify:
-    """The `expected` of a numpy scenario: its verify already compared the array, so this equals it."""
-
-    __array_ufunc__ = None  # makes `ndarray == self` defer to __eq__ below instead of broadcasting
-
-    def __eq__(self, other):
-        return True
-
-    def __repr__(self):
-        return "the array checked above"
-
-
-def array_problem(out, expected: np.ndarray, tol: Tol) -> str | None:
-    """Why the numpy array `out` is not `expected` (None when it is), in diffusion_katas.engine.comparison's words."""
-    if isinstance(out, torch.Tensor):
-        return (f"output should be a numpy.ndarray of shape {expected.shape}, dtype {expected.dtype}; got "
-                f"{describe(out)} (convert with .cpu().numpy())")
-    if not isinstance(out, np.ndarray):
-        return f"output should be a numpy.ndarray of shape {expected.shape}, got {describe(out)}"
-    if out.shape != expected.shape:
-        hint = ""
-        if out.ndim == 4 and out.shape == (expected.shape[0], expected.shape[3], *expected.shape[1:3]):
-            hint = " (channels first: numpy images are channels last, (B, H, W, 3); permute(0, 2, 3, 1))"
-        return f"output has shape {out.shape}; expected {expected.shape}{hint}"
-    if out.dtype != expected.dtype:
-        return f"output has dtype {out.dtype}; expected {expected.dtype}"
-    return mismatch(torch.from_numpy(np.array(out)), torch.from_numpy(np.array(expected)), tol)
-
-
-def array_scenario(kata: Kata, inputs: dict, expected: np.ndarray, tol: Tol, label: str) -> Scenario:
-    def verify(out):
-        problem = array_problem(out, expected, tol)
-        if problem is None:
-            return
-        lines = [f"  {problem}"]
-        for trap in kata.traps:  # the same rule as the plugin: the learner matches it, the reference does not
-            try:
-                wrong = trap.fn(**fresh(inputs))
-            except Exception:
-                continue
-            if array_problem(out, wrong, tol) is None and array_problem(wrong, expected, tol) is not None:
-                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
-                break
-        raise KataFailure("\n".join(lines))
-
-    return Scenario(inputs=inputs, expected=_CheckedInVerify(), label=label, verify=verify)
-
-
 # ---- vae_scale_factor -------------------------------------------------------------------------------
 vae_scale_factor = Kata(
     "vae_scale_factor",
@@ -110,6 +56,7 @@ vae_scale_factor = Kata(
         "f = 2^(n − 1) for n = len(block_out_channels): 4 blocks (Stable Diffusion) give 8.",
         "return 2 ** (len(block_out_channels) - 1)",
     ),
+    no_answer_key="the pipelines compute it inline in __init__ from vae.config.block_out_channels: nothing to lock",
 )
 
 
@@ -289,24 +236,17 @@ def _(case, g):
 @decode_latents.check("vs StableDiffusionPipeline, end to end",
                       cases=[dict(vae="x2", batch=2), dict(vae="x8", batch=1)], tol=VAE_FORWARD)
 def _(case, g):
-    # A whole (2-step) pipeline call; hooks record the final latents and the decoder's output.
+    # A whole (2-step) pipeline call: the recorder keeps the final latents (the last scheduler.step output).
     pipe = tiny.sd_pipeline(EulerDiscreteScheduler(), vae_model=make_vae(int(case["vae"][1:])))
-    seen = {}
-
-    def last_latents(pipeline, i, t, kwargs):
-        seen["latents"] = kwargs["latents"].clone()
-        return kwargs
-
+    seen = {}  # PipelineRecorder records the denoiser, not the VAE: a hook of our own keeps the decoder's output
     hook = pipe.vae.decoder.register_forward_hook(lambda m, args, out: seen.__setitem__("pixels", out.clone()))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # numpy 2 vs EulerDiscreteScheduler.set_timesteps
+        with PipelineRecorder(pipe, pipe.unet) as rec, quiet_diffusers():
             pipe(prompt_embeds=tiny.text_embeddings(case["batch"], g), guidance_scale=1.0, num_inference_steps=2,
-                 generator=torch.Generator().manual_seed(seed_from(g)), output_type="pt",
-                 callback_on_step_end=last_latents)
+                 generator=torch.Generator().manual_seed(seed_from(g)), output_type="pt")
     finally:
         hook.remove()
-    return Scenario(inputs=dict(vae=pipe.vae, latents=seen["latents"]), expected=seen["pixels"],
+    return Scenario(inputs=dict(vae=pipe.vae, latents=rec.final), expected=seen["pixels"],
                     label="the final latents of a 2-step StableDiffusionPipeline call")
 
 
@@ -463,3 +403,52 @@ def _(images):
 def _(images):
     x = (images.float() * 0.5 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).numpy()
     return (x * 255).round().astype("uint8")
+
+
+# ---- numpy outputs: compared in `verify`, traps named there (after the katas: used at run time) -----
+class _CheckedInVerify:
+    """The `expected` of a numpy scenario: its verify already compared the array, so this equals it."""
+
+    __array_ufunc__ = None  # makes `ndarray == self` defer to __eq__ below instead of broadcasting
+
+    def __eq__(self, other):
+        return True
+
+    def __repr__(self):
+        return "the array checked above"
+
+
+def array_problem(out, expected: np.ndarray, tol: Tol) -> str | None:
+    """Why the numpy array `out` is not `expected` (None when it is), in diffusion_katas.engine.comparison's words."""
+    if isinstance(out, torch.Tensor):
+        return (f"output should be a numpy.ndarray of shape {expected.shape}, dtype {expected.dtype}; got "
+                f"{describe(out)} (convert with .cpu().numpy())")
+    if not isinstance(out, np.ndarray):
+        return f"output should be a numpy.ndarray of shape {expected.shape}, got {describe(out)}"
+    if out.shape != expected.shape:
+        hint = ""
+        if out.ndim == 4 and out.shape == (expected.shape[0], expected.shape[3], *expected.shape[1:3]):
+            hint = " (channels first: numpy images are channels last, (B, H, W, 3); permute(0, 2, 3, 1))"
+        return f"output has shape {out.shape}; expected {expected.shape}{hint}"
+    if out.dtype != expected.dtype:
+        return f"output has dtype {out.dtype}; expected {expected.dtype}"
+    return mismatch(torch.from_numpy(np.array(out)), torch.from_numpy(np.array(expected)), tol)
+
+
+def array_scenario(kata: Kata, inputs: dict, expected: np.ndarray, tol: Tol, label: str) -> Scenario:
+    def verify(out):
+        problem = array_problem(out, expected, tol)
+        if problem is None:
+            return
+        lines = [f"  {problem}"]
+        for trap in kata.traps:  # the same rule as the plugin: the learner matches it, the reference does not
+            try:
+                wrong = trap.fn(**fresh(inputs))
+            except Exception:
+                continue
+            if array_problem(out, wrong, tol) is None and array_problem(wrong, expected, tol) is not None:
+                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
+                break
+        raise KataFailure("\n".join(lines))
+
+    return Scenario(inputs=inputs, expected=_CheckedInVerify(), label=label, verify=verify)

@@ -8,7 +8,6 @@ with Euler schedulers (init_noise_sigma ≈ 11–15) and DDIM (init_noise_sigma 
 crash): the reference is whether diffusers raises ValueError, and any non-empty message matches it.
 """
 import functools
-import warnings
 
 import torch
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
@@ -16,12 +15,11 @@ from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, quiet_diffusers, seed_from
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 CPU = torch.device("cpu")
-SD_SCHEDULE = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 PIPELINE = "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline"
 
 
@@ -34,20 +32,15 @@ def pipeline(vae: str = "x2", scheduler: str = "euler") -> StableDiffusionPipeli
     init_noise_sigma and the UNet's dtype, never the random weights, and change none of them.
     """
     if scheduler == "ddim":
-        sched = DDIMScheduler(**SD_SCHEDULE)
+        sched = DDIMScheduler(**SD_BETAS)
     else:
-        sched = EulerDiscreteScheduler(**SD_SCHEDULE, timestep_spacing="leading" if "leading" in scheduler
+        sched = EulerDiscreteScheduler(**SD_BETAS, timestep_spacing="leading" if "leading" in scheduler
                                        else "linspace")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # numpy 2 vs EulerDiscreteScheduler's sigmas
+    with quiet_diffusers():
         pipe = tiny.sd_pipeline(sched, vae_model=tiny.vae(int(vae[1:])))
         if scheduler == "euler-leading":
             pipe.scheduler.set_timesteps(20)  # after __init__, which rewrites the scheduler's config
     return pipe
-
-
-def seed_from(g: torch.Generator) -> int:
-    return int(torch.randint(0, 2**31, (1,), generator=g))
 
 
 def generators(spec, g: torch.Generator):

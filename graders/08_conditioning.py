@@ -20,14 +20,9 @@ import torch.nn.functional as F
 from diffusers.models.embeddings import PatchEmbed, Timesteps, get_timestep_embedding
 from diffusers.models.normalization import AdaLayerNormZero
 
+from diffusion_katas.engine.helpers import DTYPES
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EMBED_ANGLE, EXACT, NORM_HALF, NORM_MATH
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
-
-
-def _seed(g: torch.Generator) -> int:
-    return int(torch.randint(0, 2**31, (1,), generator=g))
 
 
 # ---- timestep_embedding -----------------------------------------------------------------------------
@@ -49,26 +44,6 @@ def draw_timesteps(kind: str, batch: int, g: torch.Generator) -> torch.Tensor:
 def timestep_label(t: torch.Tensor) -> str:
     values = [round(v, 3) for v in t.tolist()] if t.is_floating_point() else t.tolist()
     return f"timesteps {values}"
-
-
-def _sinusoid(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0,
-              max_period=10000, *, layout="halves", pad=True):
-    """The embedding with one thing changed (for the traps): the layout of sin/cos, or the padding."""
-    half = embedding_dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32)
-                      / (half - downscale_freq_shift))
-    angles = scale * (timesteps[:, None].float() * freqs[None, :])
-    first, second = (angles.cos(), angles.sin()) if flip_sin_to_cos else (angles.sin(), angles.cos())
-    if layout == "interleaved":
-        emb = torch.stack([first, second], dim=-1).reshape(len(timesteps), 2 * half)
-    elif layout == "reversed":
-        emb = torch.cat([angles.sin(), angles.cos()], dim=-1)
-        emb = emb.flip(-1) if flip_sin_to_cos else emb
-    else:
-        emb = torch.cat([first, second], dim=-1)
-    if pad and embedding_dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
 
 
 timestep_embedding = Kata(
@@ -120,6 +95,26 @@ def _(case, g):
     t = draw_timesteps(case["timesteps"], case["batch"], g)
     return Scenario(inputs=dict(timesteps=t, **options), expected=get_timestep_embedding(t.clone(), **options),
                     label=timestep_label(t))
+
+
+def _sinusoid(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0,
+              max_period=10000, *, layout="halves", pad=True):
+    """The embedding with one thing changed (for the traps): the layout of sin/cos, or the padding."""
+    half = embedding_dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32)
+                      / (half - downscale_freq_shift))
+    angles = scale * (timesteps[:, None].float() * freqs[None, :])
+    first, second = (angles.cos(), angles.sin()) if flip_sin_to_cos else (angles.sin(), angles.cos())
+    if layout == "interleaved":
+        emb = torch.stack([first, second], dim=-1).reshape(len(timesteps), 2 * half)
+    elif layout == "reversed":
+        emb = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        emb = emb.flip(-1) if flip_sin_to_cos else emb
+    else:
+        emb = torch.cat([first, second], dim=-1)
+    if pad and embedding_dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
 
 
 @timestep_embedding.trap("[sin | cos] kept although flip_sin_to_cos=True asks for [cos | sin]",

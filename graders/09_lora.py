@@ -4,6 +4,8 @@ References are peft's LoRA layers in a tiny random UNet2DConditionModel, reached
 them: diffusers' add_adapter (LoraConfig with init_lora_weights=False, so B is not zero; A, B and the
 UNet come from the global RNG the plugin seeds per check), set_adapters, fuse_lora, unfuse_lora. The
 fan_in_fan_out path uses peft on a transformers Conv1D, since a UNet has none.
+
+The code that builds them (lora_unet, conv1d_layers) and the float16 rounding check close the file.
 """
 import warnings
 from dataclasses import dataclass
@@ -16,28 +18,32 @@ from transformers.pytorch_utils import Conv1D
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.comparison import mismatch
+from diffusion_katas.engine.helpers import DTYPES
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
-from diffusion_katas.core.tolerances import MERGE, MODEL_FORWARD, SCALING, Tol, for_dtype
+from diffusion_katas.core.tolerances import MERGE, MODEL_FORWARD, SCALING, for_dtype
 
-# float16 results: HALF (2e-3) lets through a rounding step taken in the wrong place, which is the
-# point of the float16 cases here, so those scenarios also count the values that differ at all.
-# Other float32 orders flip at most ~1 value in 10,000 (measured: 0-4 of 38,304 over a whole UNet);
-# adding in float32 and casting at the end, or multiplying in float16, flips 12-31% of them.
-HALF_FLIPS_ALLOWED = 0.005
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# ---- lora_scaling -----------------------------------------------------------------------------------
+lora_scaling = Kata(
+    "lora_scaling",
+    hints=(
+        "Three factors multiply: the LoraConfig's α over the rank (√rank for rsLoRA), the adapter's weight "
+        "from set_adapters, and the lora_scale from fuse_lora.",
+        "s = α/r · w · lora_scale, or s = α/√r · w · lora_scale with use_rslora.",
+        "base = alpha / math.sqrt(rank) if use_rslora else alpha / rank; "
+        "return base * adapter_weight * lora_scale",
+    ),
+    answer_key=("peft.tuners.lora.layer.LoraLayer.set_scale", "peft.tuners.lora.layer.LoraLayer.scale_layer"),
+)
+
 ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
 # conv_in, the resnets' 3×3 convs, and 1×1 convs (the resnet shortcuts, the transformers' proj_in).
 CONVS = ("conv_in", "conv1", "conv2", "conv_shortcut", "proj_in")
 TARGETS = {"attention": ATTENTION, "convs": CONVS, "attention+convs": ATTENTION + CONVS,
            "to_q": ("to_q",)}  # one projection per block: enough to read a scaling, cheap to build
 
-LAYER_CLASSES = ("peft.tuners.lora.layer.Linear", "peft.tuners.lora.layer._ConvNd")
-DELTA_KEYS = tuple(f"{c}.get_delta_weight" for c in LAYER_CLASSES)
 
-
-# ---- references ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Adapter:
     name: str
@@ -55,123 +61,6 @@ class Adapter:
         return (f"adapter '{self.name}' (r={self.r}, α={self.alpha}{', rsLoRA' if self.rslora else ''}, "
                 f"weight {self.weight})")
 
-
-def lora_unet(adapters, dtype=torch.float32):
-    """The tiny UNet with `adapters` added (diffusers' add_adapter) and weighted (set_adapters).
-
-    Returns (unet, {module name: peft LoraLayer}). Warnings (a second adapter, a spurious dtype
-    note) are silenced: they are about the reference, not the learner.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        unet = tiny.unet_cond()
-        if dtype != torch.float32:
-            # nn.Module.to: ModelMixin.to(dtype) logs a keep-in-fp32 warning even with nothing to keep.
-            torch.nn.Module.to(unet, dtype)
-        for a in adapters:
-            unet.add_adapter(LoraConfig(r=a.r, lora_alpha=a.alpha, target_modules=list(TARGETS[a.targets]),
-                                        init_lora_weights=False, use_rslora=a.rslora), adapter_name=a.name)
-        unet.set_adapters([a.name for a in adapters], weights=[a.weight for a in adapters])
-    return unet, {n: m for n, m in unet.named_modules() if isinstance(m, LoraLayer)}
-
-
-def quietly(fn, *args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fn(*args, **kwargs)
-
-
-class Gpt2Projections(torch.nn.Module):
-    """Two transformers Conv1D layers, named as in GPT-2; Conv1D stores its weight as (in, out)."""
-
-    def __init__(self):
-        super().__init__()
-        self.c_proj = Conv1D(16, 16)  # nf (out) = 16, nx (in) = 16: square, so a missing transpose still adds
-        self.c_attn = Conv1D(24, 16)  # out 24, in 16: weight (16, 24)
-
-
-def conv1d_layers(case):
-    """peft LoRA layers (fan_in_fan_out=True) around transformers Conv1D weights."""
-    model = Gpt2Projections()
-    config = LoraConfig(r=case["r"], lora_alpha=case["alpha"], target_modules=["c_proj", "c_attn"],
-                        init_lora_weights=False, fan_in_fan_out=True, use_rslora=case.get("rslora", False))
-    quietly(inject_adapter_in_model, config, model, adapter_name="gpt2")
-    return {"c_proj": model.c_proj, "c_attn": model.c_attn}
-
-
-def factors(layer, adapter):
-    return (layer.lora_A[adapter].weight.detach().clone(), layer.lora_B[adapter].weight.detach().clone())
-
-
-def layer_label(name, layer, adapter: Adapter | str) -> str:
-    kind = type(layer.get_base_layer()).__name__
-    shape = tuple(layer.get_base_layer().weight.shape)
-    who = adapter.describe() if isinstance(adapter, Adapter) else f"adapter '{adapter}'"
-    return f"layer {name} ({kind} {shape}), {who}"
-
-
-def count_differing(a, b) -> int:
-    return int((a != b).sum())
-
-
-def half_rounding(kata: Kata, expected, inputs, where: str):
-    """A Scenario.verify for float16 scenarios: is the rounding step where peft takes it?
-
-    The ordinary comparison (HALF) runs after this and explains outputs that are far off; this only
-    fails outputs HALF would accept but where too many values differ from peft's by a rounding step,
-    and names the trap those values match.
-    """
-
-    def allowed(n: int) -> int:
-        return max(2, int(n * HALF_FLIPS_ALLOWED))
-
-    def verify(out):
-        if (type(out) is not torch.Tensor or out.shape != expected.shape or out.dtype != expected.dtype
-                or mismatch(out, expected, for_dtype(MERGE, expected.dtype)) is not None):
-            return
-        n, off = expected.numel(), count_differing(out, expected)
-        if off <= allowed(n):
-            return
-        worst = float((out.double() - expected.double()).abs().max())
-        lines = [
-            f"  {off} of {n} float16 values ({100 * off / n:.1f}%) differ from peft's by a rounding step "
-            f"(up to {worst:.3g}).",
-            "  Another order of float32 operations flips at most a few values in 10,000; this many means a "
-            f"rounding happens elsewhere. {where}",
-        ]
-        for trap in kata.traps:
-            try:
-                wrong = trap.fn(**fresh(inputs))
-            except Exception:
-                continue
-            if (type(wrong) is torch.Tensor and wrong.shape == out.shape and wrong.dtype == out.dtype
-                    and count_differing(out, wrong) <= allowed(n)
-                    and count_differing(expected, wrong) > allowed(n)):
-                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
-                break
-        raise KataFailure("\n".join(lines))
-
-    return verify
-
-
-def with_half_check(scenario: Scenario, kata: Kata, where: str) -> Scenario:
-    if scenario.expected.dtype == torch.float16:
-        scenario.verify = half_rounding(kata, scenario.expected, scenario.inputs, where)
-    return scenario
-
-
-# ---- lora_scaling -----------------------------------------------------------------------------------
-lora_scaling = Kata(
-    "lora_scaling",
-    hints=(
-        "Three factors multiply: the LoraConfig's α over the rank (√rank for rsLoRA), the adapter's weight "
-        "from set_adapters, and the lora_scale from fuse_lora.",
-        "s = α/r · w · lora_scale, or s = α/√r · w · lora_scale with use_rslora.",
-        "base = alpha / math.sqrt(rank) if use_rslora else alpha / rank; "
-        "return base * adapter_weight * lora_scale",
-    ),
-    answer_key=("peft.tuners.lora.layer.LoraLayer.set_scale", "peft.tuners.lora.layer.LoraLayer.scale_layer"),
-)
 
 SCALING_CASES = [
     dict(lora_scale=0.8, adapters=(Adapter("a", 4, 6, rslora=True, weight=0.7),
@@ -232,6 +121,9 @@ def _(alpha, rank, use_rslora=False, adapter_weight=1.0, lora_scale=1.0):
 
 
 # ---- lora_delta -------------------------------------------------------------------------------------
+LAYER_CLASSES = ("peft.tuners.lora.layer.Linear", "peft.tuners.lora.layer._ConvNd")
+DELTA_KEYS = tuple(f"{c}.get_delta_weight" for c in LAYER_CLASSES)
+
 lora_delta = Kata(
     "lora_delta",
     hints=(
@@ -623,3 +515,116 @@ def _(learner, g):
     return [Measurement("FLOPs of merging one 96→80 layer, r=4", mine, allowed, "FLOPs",
                         "B·A once (2·out·r·in); after the merge the layer costs exactly the base layer's "
                         "FLOPs at every forward, which is why serving merges")]
+
+
+# ---- references: peft's LoRA layers, reached as a user reaches them ---------------------------------
+# float16 results: HALF (2e-3) lets through a rounding step taken in the wrong place, which is the
+# point of the float16 cases here, so those scenarios also count the values that differ at all.
+# Other float32 orders flip at most ~1 value in 10,000 (measured: 0-4 of 38,304 over a whole UNet);
+# adding in float32 and casting at the end, or multiplying in float16, flips 12-31% of them.
+HALF_FLIPS_ALLOWED = 0.005
+
+
+# peft's warnings are UserWarnings (a second adapter, merging onto merged weights): quiet_diffusers() is too narrow.
+def quietly(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def lora_unet(adapters, dtype=torch.float32):
+    """The tiny UNet with `adapters` added (diffusers' add_adapter) and weighted (set_adapters).
+
+    Returns (unet, {module name: peft LoraLayer}). Warnings (a second adapter, a spurious dtype
+    note) are silenced: they are about the reference, not the learner.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unet = tiny.unet_cond()
+        if dtype != torch.float32:
+            # nn.Module.to: ModelMixin.to(dtype) logs a keep-in-fp32 warning even with nothing to keep.
+            torch.nn.Module.to(unet, dtype)
+        for a in adapters:
+            unet.add_adapter(LoraConfig(r=a.r, lora_alpha=a.alpha, target_modules=list(TARGETS[a.targets]),
+                                        init_lora_weights=False, use_rslora=a.rslora), adapter_name=a.name)
+        unet.set_adapters([a.name for a in adapters], weights=[a.weight for a in adapters])
+    return unet, {n: m for n, m in unet.named_modules() if isinstance(m, LoraLayer)}
+
+
+class Gpt2Projections(torch.nn.Module):
+    """Two transformers Conv1D layers, named as in GPT-2; Conv1D stores its weight as (in, out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_proj = Conv1D(16, 16)  # nf (out) = 16, nx (in) = 16: square, so a missing transpose still adds
+        self.c_attn = Conv1D(24, 16)  # out 24, in 16: weight (16, 24)
+
+
+def conv1d_layers(case):
+    """peft LoRA layers (fan_in_fan_out=True) around transformers Conv1D weights."""
+    model = Gpt2Projections()
+    config = LoraConfig(r=case["r"], lora_alpha=case["alpha"], target_modules=["c_proj", "c_attn"],
+                        init_lora_weights=False, fan_in_fan_out=True, use_rslora=case.get("rslora", False))
+    quietly(inject_adapter_in_model, config, model, adapter_name="gpt2")
+    return {"c_proj": model.c_proj, "c_attn": model.c_attn}
+
+
+def factors(layer, adapter):
+    return (layer.lora_A[adapter].weight.detach().clone(), layer.lora_B[adapter].weight.detach().clone())
+
+
+def layer_label(name, layer, adapter: Adapter | str) -> str:
+    kind = type(layer.get_base_layer()).__name__
+    shape = tuple(layer.get_base_layer().weight.shape)
+    who = adapter.describe() if isinstance(adapter, Adapter) else f"adapter '{adapter}'"
+    return f"layer {name} ({kind} {shape}), {who}"
+
+
+def count_differing(a, b) -> int:
+    return int((a != b).sum())
+
+
+def half_rounding(kata: Kata, expected, inputs, where: str):
+    """A Scenario.verify for float16 scenarios: is the rounding step where peft takes it?
+
+    The ordinary comparison (HALF) runs after this and explains outputs that are far off; this only
+    fails outputs HALF would accept but where too many values differ from peft's by a rounding step,
+    and names the trap those values match.
+    """
+
+    def allowed(n: int) -> int:
+        return max(2, int(n * HALF_FLIPS_ALLOWED))
+
+    def verify(out):
+        if (type(out) is not torch.Tensor or out.shape != expected.shape or out.dtype != expected.dtype
+                or mismatch(out, expected, for_dtype(MERGE, expected.dtype)) is not None):
+            return
+        n, off = expected.numel(), count_differing(out, expected)
+        if off <= allowed(n):
+            return
+        worst = float((out.double() - expected.double()).abs().max())
+        lines = [
+            f"  {off} of {n} float16 values ({100 * off / n:.1f}%) differ from peft's by a rounding step "
+            f"(up to {worst:.3g}).",
+            "  Another order of float32 operations flips at most a few values in 10,000; this many means a "
+            f"rounding happens elsewhere. {where}",
+        ]
+        for trap in kata.traps:
+            try:
+                wrong = trap.fn(**fresh(inputs))
+            except Exception:
+                continue
+            if (type(wrong) is torch.Tensor and wrong.shape == out.shape and wrong.dtype == out.dtype
+                    and count_differing(out, wrong) <= allowed(n)
+                    and count_differing(expected, wrong) > allowed(n)):
+                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
+                break
+        raise KataFailure("\n".join(lines))
+
+    return verify
+
+
+def with_half_check(scenario: Scenario, kata: Kata, where: str) -> Scenario:
+    if scenario.expected.dtype == torch.float16:
+        scenario.verify = half_rounding(kata, scenario.expected, scenario.inputs, where)
+    return scenario

@@ -19,10 +19,10 @@ from diffusers.models.controlnets.controlnet import ControlNetModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
 from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers, sd_schedule
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT, HALF, MODEL_FORWARD, SCHEDULE, STEP_MATH
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 PIPELINE = "diffusers.pipelines.controlnet.pipeline_controlnet.StableDiffusionControlNetPipeline"
 
 
@@ -495,17 +495,14 @@ STEP_CASES = [
 
 @controlnet_cfg_step.check("vs StableDiffusionControlNetPipeline", cases=STEP_CASES, tol=MODEL_FORWARD)
 def _(case, g):
-    import warnings
-
     from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 
     StableDiffusionControlNetPipeline = controlnet_pipeline_class()
     unet, controlnet = models("tiny")
     # "leading" with steps_offset 0 ends at t = 0; "trailing" starts at t = 999.
-    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                              clip_sample=False, set_alpha_to_one=False, timestep_spacing=case["spacing"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    scheduler = DDIMScheduler(**sd_schedule(clip_sample=False, set_alpha_to_one=False,
+                                            timestep_spacing=case["spacing"]))
+    with quiet_diffusers():
         pipe = StableDiffusionControlNetPipeline(
             vae=tiny.vae(), text_encoder=None, tokenizer=None, unet=unet, controlnet=controlnet,
             scheduler=scheduler, safety_checker=None, feature_extractor=None, requires_safety_checker=False)

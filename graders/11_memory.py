@@ -333,6 +333,8 @@ chunked_attention = Kata(
         "@ key.transpose(-2, -1) * s; ...; out[..., a:a+chunk_size, :] = scores.softmax(-1) @ value",
     ),
     answer_key=("torch.nn.functional.scaled_dot_product_attention",),
+    # ...and the same computation one level down (torch.ops.aten, the CPU flash kernel)
+    forbidden_ops=("scaled_dot_product", "flash_attention", "efficient_attention"),
 )
 
 ATTN_CASES = [

@@ -7,24 +7,22 @@ scheduler.step receives, and the decoder's output.
 """
 import copy
 import functools
-import warnings
 
 import torch
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, PipelineRecorder, quiet_diffusers, seed_from
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT, MODEL_FORWARD
 
-SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 SCHEDULERS = {
     "DDIM": lambda: DDIMScheduler(**SD_BETAS),
     # "leading" spacing: init_noise_sigma depends on set_timesteps (157.4 before, ~26 after)
     "Euler leading": lambda: EulerDiscreteScheduler(**SD_BETAS, timestep_spacing="leading"),
 }
 PIPELINE_KEYS = ("diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",)
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 @functools.cache
@@ -40,7 +38,7 @@ def _models(dtype_name: str):
 
 
 def record_run(case: dict, g: torch.Generator, output_type: str):
-    """One pipeline call with hooks. Returns (pipe, inputs for the learner, record dict, output)."""
+    """One pipeline call, recorded. Returns (pipe, inputs for the learner, record dict, output, seed)."""
     dtype = DTYPES[case.get("dtype", "float32")]
     unet, vae = _models(case.get("dtype", "float32"))
     pipe = tiny.sd_pipeline(SCHEDULERS[case["scheduler"]](), unet, vae)
@@ -48,9 +46,10 @@ def record_run(case: dict, g: torch.Generator, output_type: str):
     learner_scheduler = copy.deepcopy(pipe.scheduler)
     B, height, width = case["batch"], case["height"], case["width"]
     prompt, negative = tiny.text_embeddings(B, g).to(dtype), tiny.text_embeddings(B, g).to(dtype)
-    seed = int(torch.randint(0, 2**31, (1,), generator=g))
-    rec: dict = {"unet_in": [], "unet_out": [], "step_in": [], "cond": []}
+    seed = seed_from(g)
+    rec: dict = {}
 
+    # PipelineRecorder sees the UNet and scheduler.step; x_T, the generator after it and the decoder are ours.
     original_prepare = pipe.prepare_latents
     generator = torch.Generator().manual_seed(seed)
 
@@ -60,42 +59,20 @@ def record_run(case: dict, g: torch.Generator, output_type: str):
         rec["generator_after_prepare"] = generator.get_state()
         return latents
 
-    def unet_pre(module, args, kwargs):
-        rec["unet_in"].append(args[0].clone())
-        rec["cond"].append(kwargs["encoder_hidden_states"].clone())
-
-    def unet_post(module, args, kwargs, out):
-        rec["unet_out"].append(out[0].clone())
-
-    step = pipe.scheduler.step
-
-    # wraps: the pipeline inspects step's signature to decide whether to pass eta and generator
-    @functools.wraps(step)
-    def recording_step(model_output, t, sample, *args, **kwargs):
-        rec["step_in"].append(model_output.clone())
-        out = step(model_output, t, sample, *args, **kwargs)
-        rec["final"] = (out[0] if isinstance(out, tuple) else out.prev_sample).clone()
-        return out
-
     def decoder_post(module, args, out):
         rec["decoded"] = out.clone()
 
     pipe.prepare_latents = prepare_latents
-    pipe.scheduler.step = recording_step
-    hooks = [unet.register_forward_pre_hook(unet_pre, with_kwargs=True),
-             unet.register_forward_hook(unet_post, with_kwargs=True),
-             vae.decoder.register_forward_hook(decoder_post)]
+    hook = vae.decoder.register_forward_hook(decoder_post)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with torch.no_grad(), quiet_diffusers(), PipelineRecorder(pipe, unet) as recorder:
             out = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=height, width=width,
                        num_inference_steps=case["steps"], guidance_scale=case["guidance_scale"],
                        guidance_rescale=case.get("guidance_rescale", 0.0), eta=case.get("eta", 0.0),
                        generator=generator, output_type=output_type)
     finally:
-        for h in hooks:
-            h.remove()
-        del pipe.scheduler.step
+        hook.remove()
+    rec.update(steps=recorder.steps, final=recorder.final)
     inputs = dict(unet=unet, scheduler=learner_scheduler, prompt_embeds=prompt, negative_prompt_embeds=negative)
     return pipe, inputs, rec, out, seed
 
@@ -260,9 +237,10 @@ def _records(rec, images):
     def b(name, t):
         return {"boundary": name, "shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
 
-    return [b("conditioning", rec["cond"][0]), b("initial latents", rec["initial"]),
-            b("unet input", rec["unet_in"][0]), b("unet output", rec["unet_out"][0]),
-            b("guided noise", rec["step_in"][0]), b("final latents", rec["final"]),
+    first = rec["steps"][0]
+    return [b("conditioning", first.conditioning), b("initial latents", rec["initial"]),
+            b("unet input", first.denoiser_input), b("unet output", first.denoiser_output),
+            b("guided noise", first.step_input), b("final latents", rec["final"]),
             b("decoded", rec["decoded"]), b("image", images)]
 
 

@@ -135,10 +135,13 @@ class DenoiserProbe(torch.nn.Module):
         sample = args[0] if args else kwargs.get("sample")
         timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
         self.batch_sizes.append(int(sample.shape[0]) if isinstance(sample, torch.Tensor) else -1)
-        if isinstance(timestep, torch.Tensor):
-            self.timesteps.append([int(v) for v in timestep.flatten().tolist()])
-        elif timestep is not None:
-            self.timesteps.append([int(timestep)])
+        try:
+            if isinstance(timestep, torch.Tensor):
+                self.timesteps.append([int(v) for v in timestep.flatten().tolist()])
+            elif timestep is not None:
+                self.timesteps.append([int(timestep)])
+        except (TypeError, ValueError, OverflowError):  # a NaN or non-number: the model's to reject
+            self.timesteps.append([])
         return self.denoiser(*args, **kwargs)
 
     def __getattr__(self, name):
