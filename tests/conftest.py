@@ -14,6 +14,9 @@ import pytest
 import torch  # noqa: F401  (imported before any pytester snapshot: torch cannot be imported twice)
 
 from diffusion_katas.engine import meters as budgets
+# Imported before any pytester snapshot too: the runners' warm parent it keeps is shared by every inline
+# run in this process (re-imported, the module would start a new one per run).
+from diffusion_katas.engine import runner  # noqa: F401
 
 # The meters pull in torch's dispatch and flop-counter modules, which register torch libraries and
 # cannot be imported twice in one process: import them before any pytester snapshot too.
@@ -53,10 +56,11 @@ def replace_solution_block(source: str, function: str, body: str) -> str:
 
 @dataclass
 class Graded:
-    """The outcome of grading one kata function: its status and the learner-facing text."""
+    """The outcome of grading one kata function: its status, reason codes and the learner-facing text."""
 
     status: str  # passed / failed / over budget / todo (the worst over the function's checks)
     text: str  # the failure messages, joined
+    reasons: frozenset = frozenset()  # the reason codes of the items that did not pass (results.Reason values)
 
     def __str__(self) -> str:
         return f"{self.status}\n{self.text}"
@@ -92,6 +96,8 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
         rank = {"failed": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
         status = max((r.kata_status for r in reports), key=rank.__getitem__)
         text = "\n".join(str(r.longrepr) for r in reports if r.longrepr)
-        return Graded(status, text)
+        reasons = frozenset(r.kata_reason for r in reports if r.kata_status != "passed")
+        return Graded(status, text, reasons)
 
     return grade
+

@@ -89,10 +89,18 @@ def test_each_lab_grades_exactly_the_functions_its_solution_defines(lab):
 
 @pytest.mark.parametrize("lab", LABS)
 def test_each_kata_function_has_three_hint_tiers_a_trap_and_an_answer_key_or_a_reason(lab):
+    from diffusion_katas.engine.isolation import _resolve
+
     for kata in graded_functions(lab):
         assert len(kata.hints) >= 3, f"{kata.name}: hints in tiers (nudge, math, near code)"
         assert kata.traps, f"{kata.name}: declare at least its commonest misconception"
         assert kata.checks and all(c.cases for c in kata.checks), kata.name
+        assert kata.answer_key or kata.no_answer_key, \
+            f"{kata.name}: lock the diffusers/peft callables it is graded against, or say why there are none"
+        for path in kata.answer_key:  # each one names something that exists and can be called
+            owner, attr = _resolve(path)
+            assert callable(getattr(owner, attr, None)) or isinstance(owner.__dict__.get(attr), property), \
+                f"{kata.name}: answer key {path} is not a callable of the installed library"
 
 
 @pytest.mark.parametrize("lab", LABS)

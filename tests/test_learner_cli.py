@@ -253,7 +253,7 @@ def test_hint_for_a_function_two_labs_grade_asks_for_the_lab(graded, tmp_path, c
 
 def test_hint_texts_are_the_ones_the_graders_declare():
     """Hints are read from the grader's source without importing it; the import gives the same."""
-    from diffusion_katas.pytest_plugin.collection import load_module
+    from diffusion_katas.core.course import load_module
     from diffusion_katas.core.spec import Kata
 
     for path in sorted((REPO / "graders").glob("[0-9][0-9]_*.py")):

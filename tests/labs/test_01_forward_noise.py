@@ -1,10 +1,10 @@
 """Lab 01: wrong-but-plausible implementations fail, and the commonest ones are named."""
-import pytest
+from expect import Fails
 
 LAB = "01_forward_noise"
 
 MUTANTS = [
-    # (function, wrong body, the trap the message must name or None)
+    # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("scaled_linear_betas",
      "return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)",
      "a linspace over β itself"),
@@ -44,13 +44,13 @@ MUTANTS = [
      a = alphas_cumprod.to(x0.dtype)[timesteps]
      return a.sqrt() * x0 + (1 - a).sqrt() * noise
      """,
-     None),
+     Fails("crash", "raised RuntimeError")),
     ("add_noise",  # one timestep for the whole batch
      """
      a = alphas_cumprod.to(x0.dtype)[timesteps[0]]
      return a.sqrt() * x0 + (1 - a).sqrt() * noise
      """,
-     None),
+     Fails("wrong", "values differ")),
     ("velocity",
      """
      a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
@@ -81,14 +81,6 @@ MUTANTS = [
 ]
 
 
-@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
-def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
-    graded = grade_mutant(LAB, function, body)
-    assert graded.status == "failed", graded
-    if trap:
-        assert f"trap: {trap}" in graded.text, graded.text
-
-
 def test_changing_the_input_in_place_fails_even_with_the_right_values(grade_mutant):
     graded = grade_mutant(LAB, "alphas_cumprod", """
         betas.mul_(-1).add_(1)
@@ -105,3 +97,27 @@ def test_calling_the_diffusers_answer_key_fails_with_a_friendly_message(grade_mu
     """)
     assert graded.status == "failed"
     assert "is the answer key this kata is graded against" in graded.text
+
+
+def test_a_sibling_schedulers_copy_of_the_answer_key_is_refused(grade_mutant):
+    # LCMScheduler.add_noise is "Copied from" DDPMScheduler.add_noise: the same code, another class
+    graded = grade_mutant(LAB, "add_noise", """
+        from diffusers import LCMScheduler
+        scheduler = LCMScheduler()
+        scheduler.alphas_cumprod = alphas_cumprod
+        return scheduler.add_noise(x0, noise, timesteps)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text, graded.text
+    assert "answer key" in graded.reasons
+
+
+def test_the_answer_key_captured_before_the_lock_is_refused(grade_mutant):
+    graded = grade_mutant(LAB, "add_noise", """
+        import functools
+        from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+        captured = functools.partial(DDPMScheduler.add_noise, DDPMScheduler())
+        return captured(x0, noise, timesteps)
+    """)
+    assert graded.status == "failed"
+    assert "is the answer key this kata is graded against" in graded.text, graded.text

@@ -1,5 +1,5 @@
 """Lab 09: wrong-but-plausible LoRA implementations fail, and the commonest ones are named."""
-import pytest
+from expect import Fails
 
 LAB = "09_lora"
 
@@ -12,7 +12,7 @@ d = (B.flatten(1) @ A.flatten(1)).reshape(B.shape[0], *A.shape[1:])
 """
 
 MUTANTS = [
-    # (function, wrong body, the trap the message must name or None)
+    # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("lora_scaling",
      "return (math.sqrt(rank) if use_rslora else rank) / alpha * adapter_weight * lora_scale",
      "r/α: the ratio turned upside down"),
@@ -28,7 +28,7 @@ MUTANTS = [
      "the lora_scale (fuse_lora) left out"),
     ("lora_scaling",  # lora_scale applied twice
      "return (alpha / math.sqrt(rank) if use_rslora else alpha / rank) * adapter_weight * lora_scale ** 2",
-     None),
+     Fails("wrong", "expected")),
     ("lora_delta", "return (lora_A @ lora_B) * scaling", "lora_A @ lora_B instead of lora_B @ lora_A"),
     ("lora_delta", DELTA + "return (d.T if fan_in_fan_out else d).to(lora_B.dtype)", "the scaling left out"),
     ("lora_delta", DELTA + "return (d * scaling).to(lora_B.dtype)", "fan_in_fan_out ignored"),
@@ -45,10 +45,10 @@ MUTANTS = [
     ("lora_delta",  # conv ΔW left flat: (out, in·kh·kw)
      DELTA.replace(".reshape(B.shape[0], *A.shape[1:])", "")
      + "return ((d.T if fan_in_fan_out else d) * scaling).to(lora_B.dtype)",
-     None),
+     Fails("wrong", "has shape")),
     ("lora_delta",  # half factors: ΔW left in float32
      DELTA + "return (d.T if fan_in_fan_out else d) * scaling",
-     None),
+     Fails("wrong", "has dtype")),
     ("merge_lora",
      DELTA + "return (weight.float() + (d.T if fan_in_fan_out else d) * scaling).to(weight.dtype)",
      "ΔW added in float32"),
@@ -59,7 +59,7 @@ MUTANTS = [
     ("merge_lora", "return weight + lora_delta(lora_A, lora_B, scaling).to(weight.dtype)",
      "fan_in_fan_out ignored"),
     ("merge_lora",  # the update alone
-     "return lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(weight.dtype)", None),
+     "return lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(weight.dtype)", Fails("wrong", "values differ")),
     ("unmerge_lora",
      "return merged_weight + lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(merged_weight.dtype)",
      "ΔW added again instead of subtracted"),
@@ -74,7 +74,7 @@ MUTANTS = [
      "fan_in_fan_out ignored"),
     ("unmerge_lora",  # float16 weights come back as float32
      DELTA + "return merged_weight.float() - (d.T if fan_in_fan_out else d) * scaling",
-     None),
+     Fails("wrong", "has dtype")),
     ("lora_forward", "return F.linear(x, weight, bias) + F.linear(F.linear(x, lora_A), lora_B)",
      "the scaling left out"),
     ("lora_forward", "return (F.linear(x, weight, bias) + F.linear(F.linear(x, lora_A), lora_B)) * scaling",
@@ -84,7 +84,7 @@ MUTANTS = [
     ("lora_forward", "return F.linear(F.linear(x, lora_A), lora_B) * scaling",
      "only the adapter's update returned"),
     ("lora_forward",  # A and B used untransposed: a shape error from the learner's own line
-     "return F.linear(x, weight, bias) + (x @ lora_A @ lora_B) * scaling", None),
+     "return F.linear(x, weight, bias) + (x @ lora_A @ lora_B) * scaling", Fails("crash", "raised RuntimeError")),
 ]
 
 
@@ -93,12 +93,7 @@ def only(function: str) -> list[str]:
     return ["-k", f"{function} and not un{function}" if function == "merge_lora" else function]
 
 
-@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
-def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
-    graded = grade_mutant(LAB, function, body, *only(function))
-    assert graded.status == "failed", graded
-    if trap:
-        assert f"trap: {trap}" in graded.text, graded.text
+mutant_args = only  # test_mutants.py grades each mutant with these -k arguments
 
 
 def test_a_float16_rounding_step_in_the_wrong_place_is_explained(grade_mutant):

@@ -1,5 +1,5 @@
 """Lab 12: wrong end-to-end loops fail with their trap named; a TODO in an earlier lab is named too."""
-import pytest
+from expect import Fails
 
 LAB = "12_end_to_end"
 
@@ -29,7 +29,7 @@ MUTANTS = [
                                           prompt_embeds, guidance_scale, guidance_rescale)
             latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
         return latents
-     """, None),  # the prompts swapped: guidance away from the prompt
+     """, Fails("wrong", "values differ")),  # the prompts swapped: guidance away from the prompt
     ("text_to_image", """
         sigma = float(scheduler.init_noise_sigma)
         scheduler.set_timesteps(num_inference_steps)
@@ -69,14 +69,6 @@ MUTANTS = [
         return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded, "pt"))]
      """, "the conditioning recorded as the prompt alone"),
 ]
-
-
-@pytest.mark.parametrize("function, body, trap", MUTANTS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTANTS)])
-def test_a_wrong_implementation_fails_and_names_its_trap(grade_mutant, function, body, trap):
-    graded = grade_mutant(LAB, function, body)
-    assert graded.status == "failed", graded
-    if trap:
-        assert f"trap: {trap}" in graded.text, graded.text
 
 
 def test_a_lab_built_on_an_unwritten_earlier_kata_is_todo_and_names_it(grade_mutant):

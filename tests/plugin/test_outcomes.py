@@ -50,7 +50,7 @@ def test_a_failing_function_comes_before_a_todo_as_the_next_step(toy):
 def test_a_hang_fails_as_timed_out_and_the_run_goes_on(toy):
     toy.kata(double="while True:\n    pass", normalize="return x / x.norm()")
     result = toy.run("katas", "--kata-timeout", "1")
-    result.stdout.fnmatch_lines(["*timed out after 1 s (pytest-timeout)*"])
+    result.stdout.fnmatch_lines(["*timed out after 1 s*the process running it was killed*"])
     result.assert_outcomes(passed=1, failed=2)  # double's check, then its budget re-checks it
 
 

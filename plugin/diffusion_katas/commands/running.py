@@ -79,6 +79,56 @@ def grade(course: Course, target: str, *extra: str) -> Grading:
     return Grading(report, done.stdout or "", done.returncode, seconds)
 
 
+class WarmGrader:
+    """`grade`, through one pytest process kept warm between gradings (commands/warm.py): what
+    `kata watch` uses, so that a save is graded without importing torch, diffusers and the graders again.
+    The seed stays the same for the whole session, so the numbers do not move between saves."""
+
+    def __init__(self, course: Course, seed: int):
+        self.course = course
+        self.seed = seed
+        self.process = None
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "diffusion_katas.commands.warm"], cwd=self.course.root, env=pytest_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+            errors="replace", bufsize=1)
+
+    def grade(self, target: str, *extra: str) -> Grading:
+        from diffusion_katas.commands.warm import DONE
+
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
+            json_path = Path(tmp) / "report.json"
+            args = [target, "-q", "--kata-json", str(json_path), "--rootdir", str(self.course.root),
+                    "--kata-seed", str(self.seed), "-p", "no:cacheprovider", *extra]
+            start = time.monotonic()
+            self.process.stdin.write(json.dumps(args) + "\n")
+            self.process.stdin.flush()
+            lines, code = [], 1
+            for line in self.process.stdout:
+                if line.startswith(DONE):
+                    code = int(line.split()[1])
+                    break
+                lines.append(line)
+            else:  # the warm process ended: grade cold once, and start a new one next time
+                self.process = None
+                return grade(self.course, target, "--kata-seed", str(self.seed), *extra)
+            seconds = time.monotonic() - start
+            report = read_json(json_path)
+        return Grading(report, "".join(lines), code, seconds)
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
 def grading_failed(grading: Grading, what: str) -> str:
     tail = "\n".join(grading.output.rstrip().splitlines()[-30:])
     return (f"pytest could not grade {what} (exit code {grading.returncode}) and wrote no report; "

@@ -121,6 +121,14 @@ class Kata:
     # Dotted paths to the diffusers/peft callables this kata is graded against. They raise while
     # learner code runs: calling the answer key is not solving the kata.
     answer_key: tuple[str, ...] = ()
+    # Refused only when the learner's own code calls them: diffusers code the kata may use calls them too
+    # (scheduler.step draws its noise with randn_tensor).
+    answer_key_direct: tuple[str, ...] = ()
+    # Where diffusers computes the answer inline (no callable to lock), say so here instead.
+    no_answer_key: str = ""
+    # Where the answer is a single torch operator, its name (matched in the op's name): refused while
+    # learner code runs, at the Python API and at the kernel level.
+    forbidden_ops: tuple[str, ...] = ()
     points: float = 1.0
     checks: list[Check] = field(default_factory=list)
     traps: list[Trap] = field(default_factory=list)

@@ -1,4 +1,5 @@
-"""Running learner code: fresh copies of the inputs, the answer key locked, mutation detected.
+"""Running learner code (in the runner process): fresh copies of the inputs, the answer key locked
+by code, mutation detected.
 
 Each callee (the reference, the learner, each trap) gets its own deep copy of the inputs, as
 PrairieLearn does, so none can clobber another's. After the learner's call the inputs it was given are
@@ -115,44 +116,157 @@ def _resolve(path: str):
     raise ImportError(f"cannot resolve answer-key path {path!r}")
 
 
-@contextlib.contextmanager
-def answer_key_locked(paths: tuple[str, ...], kata: str) -> Iterator[None]:
-    """While active, each callable at `paths` raises AnswerKeyError with a friendly message."""
-    saved = []
-    try:
-        for path in paths:
-            owner, attr = _resolve(path)
-            original = owner.__dict__.get(attr, getattr(owner, attr))
-
-            def locked(*args, __path=path, **kwargs):
-                raise AnswerKeyError(
-                    f"`{kata}` called {__path}, which is the answer key this kata is graded against. "
-                    "Write the computation yourself: that is the exercise.")
-
-            if isinstance(original, property):
-                locked = property(locked)
-            elif isinstance(original, staticmethod):
-                locked = staticmethod(locked)
-            elif isinstance(original, classmethod):
-                locked = classmethod(locked)
-            saved.append((owner, attr, original))
-            setattr(owner, attr, locked)
-        yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
+def _builtin_at(path: str):
+    """The builtin (C) callable at an answer-key path (torch.nn.functional.conv2d, say), or None."""
+    owner, attr = _resolve(path)
+    value = getattr(owner, attr, None)
+    return value if value is not None and not hasattr(value, "__code__") and callable(value) and \
+        type(value).__name__ in ("builtin_function_or_method", "method_descriptor", "wrapper_descriptor") else None
 
 
-def call_learner(fn, inputs: dict, answer_key: tuple[str, ...], kata: str, meter=None):
-    """Call the learner's function on fresh inputs; fail if it changed them in place.
+def _functions_at(path: str) -> list:
+    """The plain functions behind an answer-key path (a method, a property's getter, a classmethod...)."""
+    owner, attr = _resolve(path)
+    value = owner.__dict__.get(attr, getattr(owner, attr, None)) if hasattr(owner, "__dict__") else getattr(owner, attr)
+    if isinstance(value, property):
+        candidates = [value.fget, value.fset]
+    elif isinstance(value, (staticmethod, classmethod)):
+        candidates = [value.__func__]
+    else:
+        candidates = [value, getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
+    return [f for f in candidates if f is not None and hasattr(f, "__code__")]
 
-    With `meter` (e.g. diffusion_katas.engine.meters.peak_bytes), the call runs as meter(call) after the inputs
-    are copied, so copying is not measured, and (measurement, output) is returned.
+
+def fingerprint(code) -> tuple:
+    """What makes two code objects the same computation: bytecode, names and constants (nested code
+    included), not where they were defined. A sibling class's "Copied from" method, a module executed a
+    second time from its file, and a reference captured before any lock all share it."""
+    consts = tuple(fingerprint(c) if hasattr(c, "co_code") else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, consts)
+
+
+class CodeLock:
+    """The answer key, closed by code: while active, starting any function whose code is the answer's
+    (wherever it came from) raises AnswerKeyError; where the answer is a single torch operator, that
+    operator is refused too, at the Python API and at the kernel (aten) level.
+
+    It runs in the learner's runner process, around each call of the learner's function."""
+
+    def __init__(self, paths: tuple[str, ...], kata: str, forbidden_ops: tuple[str, ...] = (),
+                 learner_files: tuple[str, ...] = (), direct_paths: tuple[str, ...] = ()):
+        self.kata = kata
+        self.direct_paths = tuple(direct_paths)
+        self.direct: set[tuple] = set()  # fingerprints refused only when the learner's code is the caller
+        # The learner's own code is never the answer key, even where it is written exactly like it.
+        self.learner_files = frozenset(learner_files)
+        self.paths = tuple(paths)
+        self.forbidden_ops = tuple(forbidden_ops)
+        self.locked: dict[tuple, str] = {}
+        self.builtins: dict[int, tuple] = {}
+        self.violations: list[str] = []
+        self._seen: dict[int, tuple] = {}
+
+    def install(self) -> None:
+        for path in self.paths + self.direct_paths:
+            direct = path in self.direct_paths
+            for function in _functions_at(path):
+                key = fingerprint(function.__code__)
+                self.locked[key] = path
+                if direct:
+                    self.direct.add(key)
+            builtin = _builtin_at(path)
+            if builtin is not None:  # a C function: refused at its call (the profiler's c_call event)
+                self.builtins[id(builtin)] = (builtin, path, direct)
+
+    def _refuse(self, what: str) -> AnswerKeyError:
+        message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against. "
+                   "Write the computation yourself: that is the exercise.")
+        self.violations.append(message)
+        return AnswerKeyError(message)
+
+    def _hook(self, frame, event, arg):
+        if event == "c_call":
+            hit = self.builtins.get(id(arg))
+            if hit is not None and hit[0] is arg:
+                if hit[2] and frame.f_code.co_filename not in self.learner_files:
+                    return
+                raise self._refuse(hit[1])
+            return
+        if event != "call" or not self.locked:
+            return
+        code = frame.f_code
+        seen = self._seen.get(id(code))
+        if seen is None or seen[0] is not code:
+            mine = code.co_filename in self.learner_files
+            key = fingerprint(code)
+            seen = (code, None if mine else self.locked.get(key), key in self.direct)
+            self._seen[id(code)] = seen
+        if seen[1] is not None:
+            caller = frame.f_back
+            if seen[2] and (caller is None or caller.f_code.co_filename not in self.learner_files):
+                return  # called by library code the kata may use, not by the learner
+            raise self._refuse(seen[1])
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        import sys
+        import threading
+
+        self.violations.clear()
+        modes = self._op_modes() if self.forbidden_ops else []
+        previous = sys.getprofile()
+        threading.setprofile(self._hook)
+        sys.setprofile(self._hook)
+        try:
+            for mode in modes:
+                mode.__enter__()
+            try:
+                yield
+            finally:
+                for mode in reversed(modes):
+                    mode.__exit__(None, None, None)
+        finally:
+            sys.setprofile(previous)
+            threading.setprofile(None)
+        if self.violations:  # refused, even if the learner's code caught the error and went on
+            raise AnswerKeyError(self.violations[0])
+
+    def _op_modes(self) -> list:
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        lock = self
+
+        def check(func) -> None:
+            name = getattr(func, "__name__", "") + " " + str(func)
+            for op in lock.forbidden_ops:
+                if op in name:
+                    raise lock._refuse(f"torch's {op} ({getattr(func, '__name__', func)})")
+
+        class RefuseFunctions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                check(func)
+                return func(*args, **(kwargs or {}))
+
+        class RefuseKernels(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                check(func)
+                return func(*args, **(kwargs or {}))
+
+        return [RefuseFunctions(), RefuseKernels()]
+
+
+def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None = None):
+    """Call the learner's function on fresh inputs (inside `lock`, the answer key closed); fail if it
+    changed them in place.
+
+    With `meter` (e.g. diffusion_katas.engine.meters.peak_bytes), the call runs as meter(call) after the
+    inputs are copied, so copying is not measured, and (measurement, output) is returned.
     """
     given = fresh(inputs)
     pristine = fresh(inputs)
     before = {key: versions(value) for key, value in given.items()}
-    with answer_key_locked(answer_key, kata):
+    with lock.active() if lock is not None else contextlib.nullcontext():
         out = fn(**given) if meter is None else meter(lambda: fn(**given))
     mutated = changed_inputs(given, pristine, before)
     if mutated:

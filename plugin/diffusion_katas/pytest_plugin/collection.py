@@ -7,50 +7,51 @@ functions from `solutions/01_forward_noise.py` instead.
 from __future__ import annotations
 
 import dataclasses
-import traceback
+import sys
+import time
 import zlib
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from diffusion_katas.core.course import lab_title, load_module
+from diffusion_katas.core.course import lab_title
 from diffusion_katas.core.results import Reason
 from diffusion_katas.pytest_plugin import session as state
-from diffusion_katas.core.spec import Budget, Check, Kata, KataFailure, OverBudget, Scenario
+from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
+from diffusion_katas.core.spec import Budget, Check, KataFailure, OverBudget, Scenario
 
 
-class KataTodo(Exception):
-    """The learner's function still raises NotImplementedError: not attempted yet.
-
-    `waits_on` names the earlier kata function it builds on that is still TODO, if that is where the
-    NotImplementedError came from (lab 12 is built from the learner's own labs 04, 06 and 07)."""
-
-    def __init__(self, name: str, waits_on: str = ""):
-        super().__init__(name)
-        self.waits_on = waits_on
-
-
-class LearnerCrash(Exception):
-    """The learner's function raised; the original exception is the __cause__."""
-
-    def __init__(self, context: str, exc: BaseException):
-        super().__init__(context)
-        self.context = context
-        self.exc = exc
+def _grades(config: pytest.Config, file_path: Path) -> bool:
+    """Whether a file is a kata (or solution) file of this course with a grader."""
+    session = config.stash.get(state.SESSION, None)
+    if session is None or file_path.suffix != ".py":
+        return False
+    if file_path.parent not in (session.kata_dir, session.solutions_dir):
+        return False
+    return (session.graders_dir / file_path.name).is_file()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
-    session = parent.config.stash.get(state.SESSION, None)
-    if session is None or file_path.suffix != ".py":
-        return None
-    if file_path.parent not in (session.kata_dir, session.solutions_dir):
-        return None
-    grader = session.graders_dir / file_path.name
-    if not grader.is_file():
-        return None
-    return KataFile.from_parent(parent, path=file_path)
+    if _grades(parent.config, file_path):
+        return KataFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
+    """A kata file named on the command line is ours alone: pytest's python collector would import it as
+    a test module, running learner code in the grading process (and a syntax error would stop the run)."""
+    if _grades(parent.config, module_path):
+        return Claimed.from_parent(parent, path=module_path)
+    return None
+
+
+class Claimed(pytest.File):
+    """What pytest's python collector gets for a kata file: nothing to import, nothing to collect."""
+
+    def collect(self):
+        return []
 
 
 class KataFile(pytest.File):
@@ -62,10 +63,7 @@ class KataFile(pytest.File):
         self.source = self.path
         if session.grade_solutions and self.path.parent == session.kata_dir:
             self.source = session.solutions_dir / self.path.name
-        self.title = lab_title(self.source)
-        self._module: ModuleType | None = None
-        self._import_error: BaseException | None = None
-        self._imported = False
+        self.title = lab_title(self.source) if self.source.is_file() else session.course.title(self.lab)
         for kata in session.course.graders_of(self.lab):
             for check in kata.checks:
                 item = KataItem.from_parent(self, name=check.id, check=check)
@@ -89,39 +87,33 @@ class KataFile(pytest.File):
                 yield self._limited(item, session)
 
     def _limited(self, item: pytest.Item, session) -> pytest.Item:
+        # The runner's own wall clock ends a hang at session.timeout; pytest-timeout stays as a backstop
+        # for the grader itself.
         if session.timeout and self.config.pluginmanager.hasplugin("timeout"):
-            item.add_marker(pytest.mark.timeout(session.timeout))
+            item.add_marker(pytest.mark.timeout(session.timeout + 30))
         return item
 
-    def learner_module(self) -> ModuleType:
-        """Import the learner's file once; a syntax or import error fails each item plainly."""
-        if not self._imported:
-            self._imported = True
-            kind = "solution" if self.source.parent.name != self.path.parent.name else "kata"
-            try:
-                self._module = load_module(self.source, f"_{kind}_{self.lab}")
-            except FileNotFoundError as exc:
-                self._import_error = exc
-            except BaseException as exc:  # SyntaxError, ImportError, a crash at import time
-                self._import_error = exc
-        if self._import_error is not None:
-            message = self._import_message(self._import_error)
-            reason = Reason.MISSING_FILE if isinstance(self._import_error, FileNotFoundError) else Reason.IMPORT_ERROR
-            raise KataFailure(message, reason, message.splitlines()[0])
-        return self._module
+    def learner_files(self) -> list[Path]:
+        """The learner's own files: this kata and its siblings (a later lab may build on earlier ones)."""
+        return sorted(self.source.parent.glob("*.py"))
 
-    def _import_message(self, exc: BaseException) -> str:
+    def import_failure(self, error) -> KataFailure:
+        """The verdict for a kata file that could not be imported, from the runner's report of it."""
         rel = self.config.stash[state.SESSION].rel(self.source)
-        if isinstance(exc, FileNotFoundError):
-            return f"{rel} is missing: restore it with `kata reset {self.lab[:2]}` (or from git)."
-        if isinstance(exc, SyntaxError):
-            return (f"{rel} does not parse: {exc.msg} at line {exc.lineno}\n"
-                    f"    {(exc.text or '').rstrip()}\n"
-                    "Fix the syntax error; every kata in this file is graded once it imports.")
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(self.source)]
-        where = f" at line {frames[-1].lineno}" if frames else ""
-        return (f"importing {rel} failed{where}: {type(exc).__name__}: {exc}\n"
-                "Kata files may import torch and the standard library; fix the import to be graded.")
+        if error is None:
+            message = f"{rel} is missing: restore it with `kata reset {self.lab[:2]}` (or from git)."
+            return KataFailure(message, Reason.MISSING_FILE, message.splitlines()[0])
+        syntax = error.data.get("syntax")
+        if syntax and syntax.get("filename") in ("", str(self.source)):
+            message = (f"{rel} does not parse: {syntax['msg']} at line {syntax['lineno']}\n"
+                       f"    {syntax['text'].rstrip()}\n"
+                       "Fix the syntax error; every kata in this file is graded once it imports.")
+        else:
+            frames = [f for f in error.frames if f[0] == str(self.source)]
+            where = f" at line {frames[-1][1]}" if frames else ""
+            message = (f"importing {rel} failed{where}: {error.type_name}: {error.message}\n"
+                       "Kata files may import torch and the standard library; fix the import to be graded.")
+        return KataFailure(message, Reason.IMPORT_ERROR, message.splitlines()[0])
 
 
 class KataItem(pytest.Item):
@@ -147,35 +139,113 @@ class KataItem(pytest.Item):
         base = session.hidden_seed if self.hidden else session.seed
         return (base + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
 
-    def learner_function(self):
-        module = self.parent.learner_module()
-        fn = getattr(module, self.kata.name, None)
-        if not callable(fn):
-            where = f"{self.config.stash[state.SESSION].rel(self.parent.source)} has no function `{self.kata.name}`"
+    def learner_function(self) -> str:
+        """Open this check's runner on the learner's file; the function's name once it is there."""
+        from diffusion_katas.engine.runner import RemoteError, Runner, RunnerGone
+
+        session = self.config.stash[state.SESSION]
+        kata_file = self.parent
+        if not kata_file.source.is_file():
+            raise kata_file.import_failure(None)
+        lab = self.lab
+        self.deadline = time.monotonic() + session.timeout
+        try:
+            self.runner = Runner(
+                kata_file.source, f"_learner_{lab}", [(str(session.course.grader(lab)), f"diffusion_katas_grader_{lab}")],
+                self.kata.answer_key, self.kata.name, session.timeout, self.kata.forbidden_ops,
+                tuple(kata_file.learner_files()), self.kata.answer_key_direct)
+        except RunnerGone as gone:  # the kata file ended its process while it was being imported
+            rel = session.rel(kata_file.source)
+            if gone.timed_out:
+                message = f"importing {rel} did not finish within {session.timeout:g} s (the process was killed)"
+            else:
+                message = f"importing {rel} ended the process that imports it ({_how(gone.how)})"
+            raise KataFailure(message + "\nKata files define functions; code at the top level runs on import.",
+                              Reason.IMPORT_ERROR, message) from None
+        opened = self.runner.open_reply
+        self._echo()
+        if opened.get("kind") == "import_error":
+            raise kata_file.import_failure(RemoteError(opened))
+        if opened.get("kind") == "grader_error":
+            raise RuntimeError(f"the runner could not load the grader: {opened.get('message')}")
+        if self.kata.name not in opened.get("functions", ()):
+            where = f"{session.rel(kata_file.source)} has no function `{self.kata.name}`"
             raise KataFailure(f"{where} (deleted or renamed?). Keep the name and signature from the kata.",
-                              Reason.MISSING_FUNCTION, where)
-        return fn
+                              Reason.MISSING_FUNCTION, f"{where} (deleted or renamed?)")
+        return self.kata.name
 
     def runtest(self) -> None:
-        self.run_check(self.check, self.learner_function())
-
-    def call_learner(self, fn, inputs: dict, meter=None):
-        """The learner's function on fresh inputs, with its TODO, crash and guard outcomes sorted."""
-        from diffusion_katas.engine.isolation import AnswerKeyError, call_learner
-
         try:
-            return call_learner(fn, inputs, self.kata.answer_key, self.kata.name, meter)
-        except KataFailure as exc:
-            raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
-        except NotImplementedError as exc:
-            where = _todo_origin(exc, self.parent.source)
+            self.run_check(self.check, self.learner_function())
+        finally:
+            self.close_runner()
+
+    def close_runner(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
+            self._echo()
+            self.runner = None
+
+    def _echo(self) -> None:
+        """What the learner's code printed, into this item's captured output (capped by the runner)."""
+        runner = getattr(self, "runner", None)
+        if runner is not None and runner.printed:
+            sys.stdout.write(runner.printed)
+            runner.printed = ""
+
+    def _gone(self, gone) -> KataFailure:
+        session = self.config.stash[state.SESSION]
+        if gone.timed_out:
+            return KataFailure(
+                f"{self.last_context or self.kata.name}\n  timed out after {session.timeout:g} s: look for a loop that "
+                "never ends, or far more work than the kata needs (the process running it was killed)",
+                Reason.TIMEOUT, "timed out (per-check limit)")
+        return KataFailure(
+            f"{self.last_context or self.kata.name}\n  the process running your function ended without answering "
+            f"({_how(gone.how)}): look for os._exit, sys.exit in a thread, or a crash in native code",
+            Reason.CRASH, f"the runner ended: {gone.how}")
+
+    def call_learner(self, fn: str, inputs: dict, meter=None):
+        """The learner's function on fresh inputs in the runner, with its TODO, crash and guard outcomes
+        sorted; the reply's probe states restored into the grader's own input objects."""
+        import torch
+
+        from diffusion_katas.engine.runner import RemoteError, RunnerGone, decode
+
+        if self.runner is None or self.runner.closed:
+            raise KataFailure(f"{self.last_context}\n  (the runner for this check has ended)", Reason.CRASH)
+        self.runner.timeout = max(0.1, self.deadline - time.monotonic())
+        try:
+            data = self.runner.call(fn, inputs, torch.random.get_rng_state(), meter)
+        except RunnerGone as gone:
+            self._echo()
+            raise self._gone(gone) from None
+        self._echo()
+        kind = data.get("kind")
+        if kind == "ok":
+            for name, attrs in (data.get("state") or {}).items():  # what the grader's probes recorded there
+                probe = inputs.get(name)
+                for attr, value in attrs.items():
+                    if hasattr(probe, attr):
+                        setattr(probe, attr, value)
+            if data.get("rng_after") is not None:  # as if the call had run here: later draws see its draws
+                torch.random.set_rng_state(data["rng_after"])
+            out = decode(data.get("output"))
+            return out if meter is None else (data.get("measurement"), out)
+        if kind == "missing_function":
+            raise KataFailure(f"{self.last_context}\n  `{fn}` is gone from the kata file", Reason.MISSING_FUNCTION)
+        error = RemoteError(data)
+        if data.get("kata_failure"):
+            raise KataFailure(f"{self.last_context}\n{error.message}", Reason(data.get("reason") or "wrong"),
+                              data.get("detail", "")) from None
+        if data.get("answer_key"):
+            raise KataFailure(f"{self.last_context}\n{error.message}", Reason.ANSWER_KEY) from None
+        if error.is_a("NotImplementedError"):
+            where = _todo_origin(error.frames, self.parent.source)
             if where is not None:
                 raise KataTodo(self.kata.name, where) from None
-            raise LearnerCrash(self.last_context, exc) from exc
-        except AnswerKeyError as exc:
-            raise KataFailure(f"{self.last_context}\n{exc}", Reason.ANSWER_KEY) from None
-        except Exception as exc:
-            raise LearnerCrash(self.last_context, exc) from exc
+        raise LearnerCrash(self.last_context, error)
 
     def run_check(self, check: Check, fn) -> None:
         """Every case of `check` through the learner's function, against the reference."""
@@ -264,6 +334,12 @@ class BudgetItem(KataItem):
         return f"budget: {self.budget.name}"
 
     def runtest(self) -> None:
+        try:
+            self._judge()
+        finally:
+            self.close_runner()
+
+    def _judge(self) -> None:
         fn = self.learner_function()
         for check in self.kata.checks:
             try:
@@ -299,15 +375,49 @@ class Learner:
         return self._item.call_learner(self._fn, inputs, meter)
 
 
-def _todo_origin(exc: BaseException, source: Path) -> str | None:
+def _how(how: str) -> str:
+    """'signal 11' -> 'killed by signal 11 (SIGSEGV)'; 'exit 0' -> 'it exited with status 0'."""
+    import signal as signals
+
+    kind, _, number = how.partition(" ")
+    if kind == "signal" and number.isdigit():
+        try:
+            return f"killed by signal {number} ({signals.Signals(int(number)).name})"
+        except ValueError:
+            return f"killed by signal {number}"
+    if kind == "exit":
+        return f"it exited with status {number}"
+    return how
+
+
+def _todo_origin(frames, source: Path) -> str | None:
     """Where a NotImplementedError comes from: "" for the learner's own file (its TODO stub),
-    "lab.py::function" for another kata file beside it, None for anywhere else (a real crash)."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    "lab.py::function" for another kata file beside it, None for anywhere else (a real crash).
+    `frames` are (file, line, function, text), innermost last."""
     if not frames:
         return None
-    last = Path(frames[-1].filename)
+    filename, _line, function, _text = frames[-1]
+    last = Path(filename)
     if last == source:
         return ""
     if last.parent == source.parent and last.name[:2].isdigit():
-        return f"{last.name}::{frames[-1].name}"
+        return f"{last.name}::{function}"
     return None
+
+
+def missing_lab_items(session: pytest.Session, items: list) -> list:
+    """Items for every graded lab whose kata file is missing from a kata folder this run collects: it is
+    graded as missing (0 of its points), never silently dropped."""
+    kata_session = session.config.stash[state.SESSION]
+    folder = kata_session.solutions_dir if kata_session.grade_solutions else kata_session.kata_dir
+    args = [Path(str(a).split("::")[0]).resolve() for a in session.config.args] or [session.config.rootpath]
+    if not any(a == kata_session.kata_dir or a in kata_session.kata_dir.parents for a in args):
+        return []
+    present = {getattr(i, "lab", None) for i in items}
+    added = []
+    for lab in session.config.getini("kata_labs") or kata_session.course.graded_labs():
+        if lab in present or (folder / f"{lab}.py").is_file():
+            continue
+        node = KataFile.from_parent(session, path=kata_session.kata_dir / f"{lab}.py")
+        added.extend(node.collect())
+    return added

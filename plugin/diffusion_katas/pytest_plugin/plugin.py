@@ -13,7 +13,7 @@ import pytest
 
 from diffusion_katas.core.course import Course
 from diffusion_katas.pytest_plugin import session as state
-from diffusion_katas.pytest_plugin.collection import pytest_collect_file  # noqa: F401  (hook)
+from diffusion_katas.pytest_plugin.collection import pytest_collect_file, pytest_pycollect_makemodule  # noqa: F401
 from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
     pytest_report_header,
     pytest_report_teststatus,
@@ -38,6 +38,8 @@ TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pyt
 KATA_DIR_HELP = "Folder of the learner's kata files, relative to the rootdir"
 SOLUTIONS_DIR_HELP = "Folder of the solved kata files, relative to the rootdir"
 GRADERS_DIR_HELP = "Folder of the graders, one per kata file and named like it, relative to the rootdir"
+LABS_HELP = ("The labs this course grades (file stems, space-separated; default: every lab with a grader): a "
+             "missing kata file of one of them is graded as missing")
 # The marker lines are registered in every run (so --strict-markers accepts them); the rest only in a course.
 
 MARKERS = (
@@ -65,6 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kata_dir", KATA_DIR_HELP, default="katas")
     parser.addini("kata_solutions_dir", SOLUTIONS_DIR_HELP, default="solutions")
     parser.addini("kata_graders_dir", GRADERS_DIR_HELP, default="graders")
+    parser.addini("kata_labs", LABS_HELP, type="args", default=[])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,6 +79,10 @@ def pytest_configure(config: pytest.Config) -> None:
                     graders=root / config.getini("kata_graders_dir"))
     if not course.has_graders:
         return  # not a course: no header, no session, no items
+    if getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("diffusion katas: -n (pytest-xdist) is not supported: every check already runs the "
+                                "learner's code in a process of its own, and the progress table, --kata-json and "
+                                "--gradescope need one grading process. Run without -n.")
     seed = config.getoption("kata_seed")
     timeout = config.getoption("kata_timeout")
     if timeout is None:
@@ -137,9 +144,27 @@ def _hidden_cases(path: str | None) -> dict:
     return data
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `cuda` tests without CUDA (in any run: the marker is ours); in a course, select
-    --kata-function and keep kata runs to one CPU thread."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `cuda` tests without CUDA (in any run: the marker is ours); in a course, grade a lab whose
+    kata file is missing as missing (never drop it), select --kata-function, run hidden checks after
+    every visible one, and keep kata runs to one CPU thread."""
+    if state.SESSION in config.stash:
+        from diffusion_katas.pytest_plugin.collection import KataItem, missing_lab_items
+
+        items.extend(missing_lab_items(session, items))
+        wanted = set(config.getoption("kata_function"))
+        if wanted:
+            keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]
+            config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+            items[:] = keep
+        # Hidden checks last: nothing a learner's code sees in a visible check comes after a hidden one.
+        items.sort(key=lambda i: bool(getattr(i, "hidden", False)))
+        if any(isinstance(item, KataItem) for item in items):
+            import torch
+
+            # Tiny forwards on a loaded 2-core machine ran 10-100x slower with two threads.
+            torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))
     if any(item.get_closest_marker("cuda") for item in items):
         import torch
 
@@ -148,17 +173,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in items:
                 if item.get_closest_marker("cuda"):
                     item.add_marker(skip)
-    if state.SESSION not in config.stash:
-        return
-    from diffusion_katas.pytest_plugin.collection import KataItem
 
-    wanted = set(config.getoption("kata_function"))
-    if wanted:
-        keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]
-        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-        items[:] = keep
-    if any(isinstance(item, KataItem) for item in items):
-        import torch
-
-        # Tiny forwards on a loaded 2-core machine ran 10-100x slower with two threads.
-        torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))

@@ -24,14 +24,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
-    from diffusion_katas.pytest_plugin.collection import KataItem, KataTodo
-    from diffusion_katas.core.spec import OverBudget
-
-    if not isinstance(item, KataItem):
+    if not hasattr(item, "kata") or not hasattr(item, "check_name"):  # not a kata item
         return report
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         status, reason, detail = classify(call.excinfo, report)
-        report.kata_status = status.value
+        report.kata_status, report.kata_reason = status.value, reason.value
         session = item.config.stash[state.SESSION]
         message = "" if report.passed else str(report.longrepr or "")
         session.results.append(Result(
@@ -43,7 +40,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def classify(excinfo, report) -> tuple[Status, Reason, str]:
     """(status, reason code, reason in a few words) of a kata item's outcome, from the exception type."""
     from diffusion_katas.core.spec import KataFailure, OverBudget
-    from diffusion_katas.pytest_plugin.collection import KataTodo, LearnerCrash
+    from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
 
     if report.passed:
         return Status.PASSED, Reason.NONE, ""
@@ -60,7 +57,7 @@ def classify(excinfo, report) -> tuple[Status, Reason, str]:
         return Status.FAILED, excinfo.value.reason, excinfo.value.detail
     if excinfo.errisinstance(LearnerCrash):
         exc = excinfo.value.exc
-        return Status.FAILED, Reason.CRASH, f"{type(exc).__name__}: {exc}"[:200]
+        return Status.FAILED, Reason.CRASH, f"{exc.type_name}: {exc.message}"[:200]
     if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
         return Status.FAILED, Reason.TIMEOUT, "timed out (per-check limit)"
     return Status.FAILED, Reason.CRASH, f"{excinfo.typename}"
@@ -102,7 +99,7 @@ def reproduce_line(item) -> str:
 
 def failure_text(item, excinfo) -> str:
     """The learner-facing text for a failed kata item."""
-    from diffusion_katas.pytest_plugin.collection import KataTodo, LearnerCrash
+    from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
     from diffusion_katas.core.spec import KataFailure, OverBudget
 
     session = item.config.stash[state.SESSION]
@@ -124,8 +121,8 @@ def failure_text(item, excinfo) -> str:
     elif excinfo.errisinstance(LearnerCrash):
         crash = excinfo.value
         exc = crash.exc
-        body = (f"{crash.context}\n  your function raised {type(exc).__name__}: {exc}\n"
-                + _learner_frames(exc, item.parent.source, session))
+        body = (f"{crash.context}\n  your function raised {exc.type_name}: {exc.message}\n"
+                + _learner_frames(exc.frames, item.parent.source, session))
     elif excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
         body = (f"{item.last_context or item.kata.name}\n  timed out after {session.timeout:g} s "
                 "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
@@ -147,14 +144,11 @@ def budget_text(item) -> str:
     return "\n".join(lines)
 
 
-def _learner_frames(exc: BaseException, source, session) -> str:
-    import traceback
-
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(source)]
-    if not frames:
-        frames = traceback.extract_tb(exc.__traceback__)[-1:]
-    return "".join(f"    {session.rel(type(source)(f.filename))}:{f.lineno} in {f.name}\n"
-                   f"      {(f.line or '').strip()}\n" for f in frames)
+def _learner_frames(frames, source, session) -> str:
+    """The traceback lines in the learner's file (or the last frame), as `path:line in function`."""
+    mine = [f for f in frames if f[0] == str(source)] or list(frames)[-1:]
+    return "".join(f"    {session.rel(type(source)(filename))}:{line} in {function}\n"
+                   f"      {text}\n" for filename, line, function, text in mine)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -162,8 +156,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     session = config.stash.get(state.SESSION, None)
     if session is None:
         return
+    session.interrupted = session.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED
     labs = session.run().progress()
     if not labs:
+        if session.interrupted:
+            terminalreporter.write_line("katas: the run was interrupted before anything was graded.", red=True)
         return
     tr = terminalreporter
     over = tr.stats.get("over budget", [])
@@ -186,6 +183,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for function, status in functions.items():
             if next_up is None and status in ("todo", "failed", "over budget"):
                 next_up = (lab, function, status)
+    if session.interrupted:
+        tr.write_line("  the run was interrupted: the table shows only what was graded before it stopped, and "
+                      "nothing here counts as a complete grade.", red=True, bold=True)
+        return
     if next_up is None:
         if all(s == "skipped" for _, functions in labs.values() for s in functions.values()):
             tr.write_line("  nothing was graded: every selected check was skipped.", yellow=True)
@@ -213,7 +214,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     kata_session = config.stash.get(state.SESSION, None)
     if kata_session is None:
         return
-    kata_session.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    kata_session.interrupted = kata_session.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED
     run = kata_session.run()
     if kata_session.json_path is not None or kata_session.gradescope_path is not None:
         from diffusion_katas.core.results import versions, write_json

@@ -69,7 +69,7 @@ def grade_class(course: Course, catalog: Catalog, args) -> None:
             project = tmp / "projects" / name
             project.mkdir(parents=True)
             config = project / "pytest.ini"
-            scratch_config(course, config)
+            scratch_config(course, config, catalog.labs)
             preps.append(lay_out(name, folder.resolve() if folder.exists() else folder, project, config, catalog))
         graded = grade_all(preps, grading, args.jobs)
     write_class(out, graded, catalog, args)

@@ -113,15 +113,15 @@ def lay_out(learner: str, folder: Path, project: Path, config: Path, catalog: Ca
     return prep
 
 
-def scratch_config(course: Course, path: Path) -> None:
+def scratch_config(course: Course, path: Path, labs: list[str]) -> None:
     """A pytest.ini with the repository's pytest settings, reading katas from the scratch copy and the
     graders (and solutions) from the repository."""
     options = dict(read_pyproject(course.root).get("tool", {}).get("pytest", {}).get("ini_options", {}))
     graders, solutions = course.graders, course.solutions
-    for key in ("testpaths", "pytest_plugins", "kata_dir", "kata_solutions_dir", "kata_graders_dir"):
+    for key in ("testpaths", "pytest_plugins", "kata_dir", "kata_solutions_dir", "kata_graders_dir", "kata_labs"):
         options.pop(key, None)
     options.update(testpaths=["katas"], kata_dir="katas", kata_solutions_dir=str(solutions.resolve()),
-                   kata_graders_dir=str(graders.resolve()))
+                   kata_graders_dir=str(graders.resolve()), kata_labs=list(labs))
     lines = ["# Written by `kata class`: the repository's pytest settings, for a scratch copy of one submission.",
              "[pytest]"]
     for key, value in options.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 from diffusion_katas.core import lessons
 from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
-from diffusion_katas.commands.running import (MARKS, VERBS, counts, first_unsolved, grade, grading_failed, import_trouble,
+from diffusion_katas.commands.running import (MARKS, VERBS, WarmGrader, counts, first_unsolved, grade, grading_failed, import_trouble,
                                 lab_entry, load_report, next_todo, save_report, statuses)
 from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal_next
 from diffusion_katas.commands.learner.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
@@ -35,6 +36,8 @@ def cmd_watch(args) -> int:
     if args.interval <= 0:
         raise LearnerError("--interval takes a number of seconds above 0, e.g. --interval 0.5")
     tty = sys.stdout.isatty()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    warm = WarmGrader(course, seed)  # one warm pytest process and one seed for the whole session
     try:
         grading = None
         if args.lab:
@@ -44,7 +47,7 @@ def cmd_watch(args) -> int:
             print(f"grading the {len(labs)} lab(s) in {course.rel(course.katas)}/ to find where you are...",
                   flush=True)
             before = {p.stem: signature(p) for p in labs}
-            grading = grade(course, course.rel(course.katas), "--continue-on-collection-errors")
+            grading = warm.grade(course.rel(course.katas), "--continue-on-collection-errors")
             if grading.report is None:
                 raise LearnerError(grading_failed(grading, f"{course.rel(course.katas)}/"), 1)
             save_report(course, grading.report)
@@ -60,13 +63,13 @@ def cmd_watch(args) -> int:
         events = file_events()
         how = (f"file events via watchfiles, and a check every {seconds_text(args.interval)} s" if events
                else f"polling every {seconds_text(args.interval)} s")
-        header = f"watching {course.rel(kata)} ({how}) · Ctrl-C to stop"
+        header = f"watching {course.rel(kata)} ({how}) · seed {seed} · Ctrl-C to stop"
         since = before[lab] if grading is not None and lab in before else signature(kata)
         while True:
             if grading is None:
                 print(f"grading {course.rel(kata)}...", flush=True)
                 since = signature(kata)
-                grading = grade(course, course.rel(kata))
+                grading = warm.grade(course.rel(kata))
                 if grading.report is not None:
                     save_report(course, grading.report, only_labs={lab})
             out = [(CLEAR if tty else "") + header, *verdict_lines(course, lab, grading)]
@@ -81,6 +84,8 @@ def cmd_watch(args) -> int:
     except KeyboardInterrupt:
         print("\nstopped watching.", flush=True)
         return 0
+    finally:
+        warm.close()
 
 
 # ---- progress --------------------------------------------------------------------------------------------
@@ -302,6 +307,8 @@ def add_commands(commands) -> None:
     watch.add_argument("--interval", type=float, default=1.0, metavar="S",
                        help="seconds between checks of the file's mtime and size (default: 1.0)")
     watch.add_argument("--once", action="store_true", help="grade once, show the verdict and exit")
+    watch.add_argument("--seed", type=int, default=None, metavar="N",
+                       help="the graders' input seed for the whole session (default: a fresh one, shown)")
 
     progress = add("progress", cmd_progress, "every lab: functions solved and the next TODO",
                    "Grade every lab in one pytest run and print solved/total functions and the next TODO "

@@ -1,0 +1,338 @@
+"""The learner's side of grading: a warm parent that forks one runner per check, and the runner itself.
+
+    python -m diffusion_katas.engine.runner_main CONTROL_FD
+
+The warm parent is a fresh interpreter (nothing of the grader's process is in it: no expected values,
+no hidden seed) that imports torch and diffusers once and never touches CUDA. For each check the
+grader sends it one end of a socket pair; it forks a runner that talks to the grader over that
+socket, and reports the runner's pid and, when asked, how it ended.
+
+A runner loads the lab's grader module (so the classes of the inputs it receives resolve), locks the
+answer key, imports the learner's kata file fresh, and then answers calls: inputs in, outputs,
+exceptions and meter readings out. Replies are written with torch.save and read by the grader with
+torch.load(weights_only=True): tensors, numbers, strings and containers only, so nothing a learner
+returns can run code in the grader. Everything the runner prints is captured and capped.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+OUTPUT_CAP = 4000  # characters of a runner's own prints returned with a reply
+MESSAGE_CAP = 2000  # characters of an exception's message
+FRAMES_CAP = 12  # traceback frames kept (the learner's, or the last ones)
+# Imported by the warm parent so that a runner starts in milliseconds.
+# (the graders themselves are loaded into the warm parent on first use, with what they import).
+PRELOAD = ("torch", "numpy", "diffusion_katas.core.spec", "diffusion_katas.engine.isolation",
+           "diffusion_katas.engine.meters")
+
+
+# ---- framing: an 8-byte length, then the payload -----------------------------------------------------------
+def send(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(struct.pack("!Q", len(payload)) + payload)
+
+
+def recv(sock: socket.socket) -> bytes | None:
+    head = _exactly(sock, 8)
+    if head is None:
+        return None
+    return _exactly(sock, struct.unpack("!Q", head)[0])
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# ---- the warm parent ---------------------------------------------------------------------------------------
+def zygote(control_fd: int) -> None:
+    control = socket.socket(fileno=control_fd)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001  (a missing optional module only costs a runner its warm start)
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the grader's to handle
+    loaded: dict[str, tuple[str, int]] = {}
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(control, 1 << 16, 1)
+        except OSError:
+            return
+        if not message:
+            return
+        command = pickle.loads(message)
+        if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
+            answer = _load_graders(command, loaded)
+            control.sendall((answer + "\n").encode())
+        elif command["op"] == "fork" and fds:
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                os.setpgid(0, 0)  # its own process group: a kill ends whatever the learner's code started
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                code = 0
+                try:
+                    serve(socket.socket(fileno=fds[0]))
+                except BaseException:  # noqa: BLE001
+                    code = 70
+                os._exit(code)
+            os.close(fds[0])
+            control.sendall(f"pid {pid}\n".encode())
+        elif command["op"] == "wait":
+            try:
+                _, status = os.waitpid(command["pid"], 0)
+                how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                       else f"exit {os.WEXITSTATUS(status)}")
+            except ChildProcessError:
+                how = "unknown"
+            control.sendall(f"{how}\n".encode())
+        for fd in fds[1:] if command["op"] == "fork" else fds:
+            os.close(fd)
+
+
+def _load_graders(command: dict, loaded: dict) -> str:
+    from diffusion_katas.core.course import load_module
+
+    os.chdir(command["cwd"])
+    sys.path[:] = list(command["sys_path"])
+    for path, name in command["modules"]:
+        try:
+            stamp = (path, os.stat(path).st_mtime_ns)
+            if loaded.get(name) != stamp:
+                load_module(path, name)
+                loaded[name] = stamp
+        except BaseException as exc:  # noqa: BLE001  (reported to the grader, which says so)
+            loaded.pop(name, None)
+            return f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:MESSAGE_CAP]
+    return "ok"
+
+
+# ---- the runner --------------------------------------------------------------------------------------------
+class Captured:
+    """fd 1 and 2 go to a temporary file; each reply takes what was printed since the last one, capped."""
+
+    def __init__(self):
+        import tempfile
+
+        self.file = tempfile.TemporaryFile()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.file.fileno(), 1)
+        os.dup2(self.file.fileno(), 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        self.offset = 0
+
+    def take(self) -> str:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        end = os.lseek(self.file.fileno(), 0, os.SEEK_END)
+        n = end - self.offset
+        os.lseek(self.file.fileno(), self.offset, os.SEEK_SET)
+        data = os.read(self.file.fileno(), min(n, OUTPUT_CAP * 4)) if n > 0 else b""
+        self.offset = end
+        text = data.decode("utf-8", "replace")
+        if len(text) > OUTPUT_CAP or n > len(data):
+            text = text[:OUTPUT_CAP] + f"\n... (output capped: {n:,} bytes printed, {OUTPUT_CAP:,} characters shown)"
+        return text
+
+
+def encode(value):
+    """A value as torch.load(weights_only=True) can read it; numpy arrays and scalars are tagged."""
+    import numpy
+    import torch
+
+    if isinstance(value, numpy.ndarray):
+        return {"__kata__": "ndarray", "tensor": torch.from_numpy(numpy.ascontiguousarray(value)).clone()}
+    if isinstance(value, numpy.generic):
+        return {"__kata__": "npscalar", "tensor": torch.from_numpy(numpy.asarray(value)).clone()}
+    if type(value) is torch.Tensor or isinstance(value, torch.nn.Parameter):
+        return value.detach().clone() if isinstance(value, torch.nn.Parameter) else value
+    if isinstance(value, torch.Tensor):  # a subclass: graded as what it claims to be, a plain tensor
+        return {"__kata__": "unsupported", "type": f"{type(value).__module__}.{type(value).__qualname__}"}
+    if value is None or type(value) in (bool, int, float, str, complex):
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(encode(v) for v in value)
+    if type(value) is dict:
+        return {k: encode(v) for k, v in value.items()} if all(type(k) is str for k in value) else \
+            {"__kata__": "unsupported", "type": "dict with non-str keys"}
+    if isinstance(value, (torch.dtype, torch.device, torch.Size)):
+        return value
+    return {"__kata__": "unsupported", "type": f"{type(value).__module__}.{type(value).__qualname__}",
+            "repr": _safe_repr(value)}
+
+
+def _safe_repr(value) -> str:
+    try:
+        return repr(value)[:200]
+    except BaseException:  # noqa: BLE001
+        return "<unrepresentable>"
+
+
+def reply(sock: socket.socket, captured: Captured, data: dict) -> None:
+    import torch
+
+    data["output_text"] = captured.take()
+    buffer = io.BytesIO()
+    try:
+        torch.save(data, buffer)
+    except BaseException as exc:  # noqa: BLE001  (an output that cannot be written is a verdict too)
+        buffer = io.BytesIO()
+        torch.save({"kind": "raised", "type": "UngradableOutput", "module": "", "message":
+                    f"the output could not be sent back for grading: {type(exc).__name__}: {exc}"[:MESSAGE_CAP],
+                    "frames": [], "output_text": data.get("output_text", "")}, buffer)
+    send(sock, buffer.getvalue())
+
+
+def frames_of(exc: BaseException, learner_files: set[str]) -> list[tuple[str, int, str, str]]:
+    """(file, line, function, text) of the traceback: the learner's frames, or the last few."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename in learner_files]
+    chosen = mine[-FRAMES_CAP:] if mine else frames[-3:]
+    return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip()[:200]) for f in chosen]
+
+
+def raised(exc: BaseException, learner_files: set[str]) -> dict:
+    from diffusion_katas.core.spec import KataFailure
+    from diffusion_katas.engine.isolation import AnswerKeyError
+
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001
+        message = "<the exception's message could not be read>"
+    if len(message) > MESSAGE_CAP:
+        message = message[:MESSAGE_CAP] + f" ... ({len(message):,} characters, capped)"
+    data = {"kind": "raised", "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
+            "frames": frames_of(exc, learner_files)}
+    if isinstance(exc, KataFailure):
+        data.update(kata_failure=True, reason=str(exc.reason), detail=exc.detail)
+    if isinstance(exc, AnswerKeyError):
+        data["answer_key"] = True
+    if isinstance(exc, SyntaxError):
+        data.update(syntax=dict(msg=exc.msg, lineno=exc.lineno or 0, text=(exc.text or "")[:200],
+                                filename=exc.filename or ""))
+    if isinstance(exc, RecursionError):
+        data["message"] = "maximum recursion depth exceeded"
+    return data
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer the grader's requests until it says goodbye (or the connection ends)."""
+    captured = Captured()
+    module = None
+    learner_files: set[str] = set()
+    lock = None
+    while True:
+        blob = recv(sock)
+        if blob is None:
+            return
+        request = pickle.loads(blob)
+        op = request["op"]
+        if op == "bye":
+            return
+        if op == "open":
+            module, learner_files, lock, error = _open(request)
+            reply(sock, captured, error or {"kind": "ok", "functions": sorted(
+                k for k, v in vars(module).items() if callable(v))})
+            continue
+        if op == "call":
+            inputs_blob = recv(sock)
+            if inputs_blob is None:
+                return
+            reply(sock, captured, _call(request, pickle.loads(inputs_blob), module, learner_files, lock))
+
+
+def probe_state(inputs: dict) -> dict:
+    """What the grader's own probes among the inputs recorded during the call (a denoiser's call count and
+    batch sizes, the timesteps it saw): their plain-data attributes, for the grader to copy back into its
+    copies of them. Probes are the objects whose class a grader module or the shared helpers define."""
+    state = {}
+    for name, value in inputs.items():
+        module = type(value).__module__
+        if not (module.startswith("diffusion_katas_grader_") or module == "diffusion_katas.engine.helpers"):
+            continue
+        attrs = {k: v for k, v in vars(value).items() if not k.startswith("__") and _plain(v)}
+        state[name] = attrs
+    return state
+
+
+def _plain(value, depth: int = 0) -> bool:
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    if type(value) in (list, tuple) and depth < 3:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+def _open(request: dict):
+    """Prepare the runner: the grader's cwd and path, its grader module, the lock, the learner's module."""
+    from diffusion_katas.core.course import load_module
+
+    import torch
+
+    os.chdir(request["cwd"])
+    sys.path[:] = list(request["sys_path"])
+    torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))
+    for path, name in request.get("grader_modules", ()):
+        if name not in sys.modules:  # normally loaded by the warm parent already
+            try:
+                load_module(path, name)
+            except BaseException as exc:  # noqa: BLE001
+                return None, set(), None, {"kind": "grader_error", "message": f"{type(exc).__name__}: {exc}"[:MESSAGE_CAP]}
+    from diffusion_katas.engine.isolation import CodeLock
+
+    source = request["source"]
+    learner_files = {source, *request.get("learner_files", ())}
+    lock = CodeLock(request.get("answer_key", ()), request.get("kata", ""), request.get("forbidden_ops", ()),
+                    tuple(learner_files), request.get("answer_key_direct", ()))
+    lock.install()
+    try:
+        module = load_module(source, request["module"])
+    except BaseException as exc:  # noqa: BLE001  (SyntaxError, ImportError, SystemExit, KeyboardInterrupt...)
+        data = raised(exc, learner_files)
+        data["kind"] = "import_error"
+        return None, learner_files, lock, data
+    return module, learner_files, lock, None
+
+
+def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) -> dict:
+    import torch
+
+    from diffusion_katas.engine.isolation import call_learner
+
+    fn = getattr(module, request["function"], None)
+    if not callable(fn):
+        return {"kind": "missing_function"}
+    if request.get("rng") is not None:
+        torch.random.set_rng_state(request["rng"])
+    try:
+        result = call_learner(fn, inputs, request["function"], request.get("meter"), lock)
+    except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
+        return raised(exc, learner_files)
+    if request.get("meter") is not None:
+        measurement, out = result
+    else:
+        measurement, out = None, result
+    return {"kind": "ok", "output": encode(out), "measurement": measurement, "state": probe_state(inputs),
+            "rng_after": torch.random.get_rng_state()}
+
+
+if __name__ == "__main__":
+    zygote(int(sys.argv[1]))

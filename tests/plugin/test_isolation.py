@@ -1,0 +1,166 @@
+"""Learner code runs in a runner process of its own: it cannot reach the grader, and every way a call can
+end is a verdict while the run goes on (the toy project, no diffusers)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def test_reading_the_expected_value_through_frames_or_gc_finds_nothing_to_copy(toy):
+    toy.kata(double="""
+        import gc, inspect
+        for o in gc.get_objects():
+            if type(o).__name__ == "Scenario":
+                return o.expected
+        frame = inspect.currentframe().f_back
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if type(value).__name__ == "Scenario":
+                    return value.expected
+            frame = frame.f_back
+        return x
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*output values differ*"])
+    result.assert_outcomes(failed=2)
+
+
+def test_a_patch_of_the_comparison_does_not_change_the_verdict(toy):
+    toy.kata(double="""
+        import diffusion_katas.engine.comparison as comparison
+        comparison.mismatch = lambda *args, **kwargs: ""
+        comparison.matches = lambda *args, **kwargs: True
+        return x
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*output values differ*"])
+    result.assert_outcomes(failed=2)
+
+
+def test_a_patch_of_torch_in_one_function_does_not_reach_the_next_check(toy):
+    toy.kata(double="""
+        torch.Tensor.norm = lambda self, *args, **kwargs: torch.tensor(1.0)
+        torch.sqrt = lambda t: t
+        return x * 2
+    """, normalize="return x / x.norm()", stay_put="return x")
+    result = toy.run("katas")
+    result.assert_outcomes(passed=4, failed=0)
+
+
+def test_keyboard_interrupt_and_system_exit_in_learner_code_are_verdicts_and_the_run_goes_on(toy):
+    toy.kata(double="raise KeyboardInterrupt", normalize="raise SystemExit(0)", stay_put="return x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*your function raised KeyboardInterrupt*"])
+    result.stdout.fnmatch_lines(["*your function raised SystemExit*"])
+    result.assert_outcomes(passed=1, failed=3)
+    assert "interrupted" not in result.stdout.str()
+
+
+def test_os_exit_and_a_segfault_end_only_the_runner(toy):
+    toy.kata(double="import os\nos._exit(0)", normalize="import ctypes\nctypes.string_at(0)", stay_put="return x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*ended without answering (it exited with status 0)*"])
+    result.stdout.fnmatch_lines(["*ended without answering (killed by signal 11 (SIGSEGV))*"])
+    result.assert_outcomes(passed=1, failed=3)
+    assert result.ret == 1
+
+
+def test_code_that_exits_at_import_fails_each_function_with_the_reason(toy):
+    (toy.pytester.path / "katas" / "01_toy.py").write_text(
+        '"""Lab 01 · Toy lab"""\nimport os\nos._exit(0)\n')
+    result = toy.run("katas/01_toy.py")
+    result.stdout.fnmatch_lines(["*importing katas/01_toy.py ended the process that imports it (it exited with status 0)*"])
+    result.assert_outcomes(failed=4)
+    assert result.ret == 1
+
+
+def test_a_syntax_error_named_on_the_command_line_is_graded_not_a_collection_error(toy):
+    (toy.pytester.path / "katas" / "01_toy.py").write_text('"""Lab 01 · Toy lab"""\ndef double(x:\n')
+    result = toy.run("katas/01_toy.py")
+    result.stdout.fnmatch_lines(["*katas/01_toy.py does not parse*line 2*"])
+    result.assert_outcomes(failed=4, errors=0)
+
+
+def test_a_flood_of_output_is_captured_and_capped(toy):
+    toy.kata(stay_put="print('x' * 5_000_000)\nreturn x")
+    result = toy.run("katas", "--kata-function", "stay_put", "-rA")
+    result.assert_outcomes(passed=1)
+    assert "output capped" in result.stdout.str()
+    assert len(result.stdout.str()) < 100_000
+
+
+def test_the_answer_key_is_closed_by_code_captured_references_and_siblings_included(toy):
+    toy.kata(double="""
+        return toyref.twice(x)
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*`double` called toyref.double, which is the answer key*"])
+    toy.kata(double="""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("toyref_copy", toyref.__file__)
+        copy = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(copy)
+        return copy.double(x)
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*`double` called toyref.double, which is the answer key*"])
+
+
+def test_a_captured_reference_to_the_answer_key_is_refused(toy):
+    path = toy.pytester.path / "katas" / "01_toy.py"
+    path.write_text('"""Lab 01 · Toy lab"""\nimport torch\nimport toyref\n\n'
+                    "def double(x, _answer=toyref.double):\n    return _answer(x)\n\n"
+                    "def normalize(x):\n    raise NotImplementedError\n\n"
+                    "def stay_put(x):\n    raise NotImplementedError\n")
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*is the answer key this kata is graded against*"])
+    result.assert_outcomes(failed=2)
+
+
+def test_catching_the_refusal_and_going_on_still_fails(toy):
+    toy.kata(double="""
+        try:
+            return toyref.double(x)
+        except Exception:
+            return toyref.double(x)
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*is the answer key this kata is graded against*"])
+
+
+def test_a_missing_kata_file_is_graded_as_missing_never_dropped(toy):
+    (toy.pytester.path / "katas" / "01_toy.py").unlink()
+    result = toy.run("katas", "--kata-json", "report.json")
+    result.stdout.fnmatch_lines(["*katas/01_toy.py is missing*"])
+    result.assert_outcomes(failed=4)
+    report = json.loads((toy.pytester.path / "report.json").read_text())
+    assert {r["reason"] for r in report["results"]} == {"missing file"}
+
+
+def test_hidden_checks_run_after_every_visible_one(toy):
+    toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
+    result = toy.run("katas", "--kata-hidden-seed", "5", "-v")
+    lines = [line for line in result.stdout.lines if "PASSED" in line]
+    first_hidden = next(i for i, line in enumerate(lines) if "hidden" in line)
+    assert all("hidden" in line for line in lines[first_hidden:])
+
+
+def test_an_interrupted_run_says_so_in_its_summary_and_its_report(toy):
+    toy.kata(double="import time\ntime.sleep(60)\nreturn x * 2")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "katas", "--kata-json", "report.json", "-p",
+                             "no:cacheprovider"], cwd=toy.pytester.path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    seen = ""
+    while "katas/01_toy.py" not in seen:  # grading has begun: the first kata file's line is out
+        seen += proc.stdout.read(1)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    out = seen + out
+    assert proc.returncode == 2, out
+    assert "the run was interrupted" in out and "every visible check passes" not in out
+    report = json.loads((toy.pytester.path / "report.json").read_text())
+    assert report["interrupted"] is True
