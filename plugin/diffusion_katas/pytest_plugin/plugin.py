@@ -111,6 +111,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
         session.failures = dict(config.cache.get("katas/failures", {}))
     config.stash[state.SESSION] = session
+    if _grades_katas(config, session):
+        # Start the runners' warm parent now: its imports overlap with this process's collection.
+        from diffusion_katas.engine.runner import Zygote
+
+        Zygote.shared()
+
+
+def _grades_katas(config: pytest.Config, session: state.KataSession) -> bool:
+    """Whether this run will grade kata files (so a warm parent for runners is worth starting early)."""
+    args = [a.split("::")[0] for a in config.args] or list(config.getini("testpaths")) or ["."]
+    folders = (session.kata_dir, session.solutions_dir)
+    for arg in args:
+        path = (config.invocation_params.dir / arg).resolve()
+        if any(path == f or f in path.parents or path in f.parents for f in folders):
+            return True
+    return False
 
 
 def _path(value: str | None) -> Path | None:
