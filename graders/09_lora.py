@@ -489,17 +489,20 @@ def _(learner, g):
     from diffusion_katas.engine.meters import flops
     from diffusion_katas.core.spec import Measurement
 
-    n, d_in, d_out, r = 64, 96, 80, 4
+    # Few tokens and a wide layer, as at inference with a short prompt: forming ΔW (2·out·in·r) costs more
+    # than the rank-r path (2·tokens·r·(in + out)), so a merged-weight forward cannot pass for the rank-r one.
+    n, d_in, d_out, r = 8, 256, 192, 4
     x = torch.randn((2, n, d_in), generator=g)
     weight, bias = torch.randn((d_out, d_in), generator=g), torch.randn(d_out, generator=g)
     lora_A, lora_B = torch.randn((r, d_in), generator=g), torch.randn((d_out, r), generator=g)
     mine, _ = learner.measure(flops, x=x, weight=weight, bias=bias, lora_A=lora_A, lora_B=lora_B, scaling=0.5)
     base, _ = flops(lambda: torch.nn.functional.linear(x, weight, bias))
     low_rank = 2 * x.shape[0] * n * r * (d_in + d_out)
-    return [Measurement("FLOPs of one unmerged forward, 2×64 tokens, 96→80, r=4", mine, base + low_rank, "FLOPs",
+    return [Measurement(f"FLOPs of one unmerged forward, 2×{n} tokens, {d_in}→{d_out}, r={r}", mine, base + low_rank,
+                        "FLOPs",
                         f"the base layer ({base:,}) plus x·Aᵀ then ·Bᵀ through the rank-4 bottleneck "
-                        f"({low_rank:,}); forming ΔW = B·A first costs 2·out·in·r more and defeats the "
-                        "point of an unmerged adapter")]
+                        f"({low_rank:,}); forming ΔW = B·A first costs 2·out·in·r = {2 * d_out * d_in * r:,} "
+                        "more and defeats the point of an unmerged adapter")]
 
 
 @merge_lora.budget("FLOPs: one low-rank product")

@@ -101,3 +101,21 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
 
     return grade
 
+
+
+@pytest.fixture
+def write_lab(graders_loaded, pytester: pytest.Pytester):
+    """write_lab(lab, {function: wrong body, ...}): katas/<lab>.py in a pytester project graded by the real
+    graders, from the solution with those functions' solution blocks replaced."""
+
+    def write(lab: str, bodies: dict[str, str]) -> Path:
+        source = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
+        for function, body in bodies.items():
+            source = replace_solution_block(source, function, body)
+        kata_ini(pytester)
+        katas = pytester.path / "katas"
+        katas.mkdir(exist_ok=True)
+        (katas / f"{lab}.py").write_text(source, encoding="utf-8")
+        return katas / f"{lab}.py"
+
+    return write

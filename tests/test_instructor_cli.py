@@ -249,7 +249,11 @@ def test_a_missing_lab_file_scores_zero_and_gpu_budgets_run_in_a_serial_pass(tmp
     assert cli.main(["class", str(tmp_path / "ivy"), "--out", str(out), "--labs", "02,11",
                      "--timeout", "120", "--seed", "3"]) == 0
     ivy = json.loads((out / "class.json").read_text(encoding="utf-8"))["learners"][0]
-    assert [p["marker"] for p in ivy["passes"]] == ["not cuda", "cuda"]
+    import torch
+
+    # The cuda pass runs only where CUDA is: elsewhere its items count as skipped, with a note.
+    assert [p["marker"] for p in ivy["passes"]] == (["not cuda", "cuda"] if torch.cuda.is_available()
+                                                     else ["not cuda"])
     lab02 = [f for f in ivy["functions"] if f["lab"] == "02_denoising_step"]
     assert lab02 and {f["status"] for f in lab02} == {"missing file"}
     assert "02_denoising_step.py: missing file" in ivy["reason"]
@@ -257,8 +261,6 @@ def test_a_missing_lab_file_scores_zero_and_gpu_budgets_run_in_a_serial_pass(tmp
     checks = json.loads((out / "class.json").read_text(encoding="utf-8"))["checks"]
     gpu = [r for r in checks if r["cuda"]]
     assert gpu, "lab 11 declares GPU budgets"
-    import torch
-
     if not torch.cuda.is_available():
         assert all(r["skipped"] == 1 for r in gpu)  # run in the cuda pass, skipped: CUDA not available
     data = json.loads((out / "gradescope" / "ivy.json").read_text(encoding="utf-8"))
@@ -277,6 +279,100 @@ def test_bad_command_lines_are_reported_not_raised(tmp_path, capsys):
     assert cli.main(["class", str(not_a_folder), "--out", str(tmp_path / "o"), "--labs", LAB]) == 0
     entry = json.loads((tmp_path / "o" / "class.json").read_text(encoding="utf-8"))["learners"][0]
     assert entry["score"] == 0 and entry["reason"] == f"not a folder: {not_a_folder}" and entry["passes"] == []
+
+
+# ---- submissions that attack the grading ------------------------------------------------------------------------
+GRADER_WRITE = """\
+import pathlib, re
+_ini = (pathlib.Path(__file__).resolve().parent.parent / "pytest.ini").read_text()
+_grader = pathlib.Path(re.search(r"kata_graders_dir = (.*)", _ini).group(1).strip()) / "01_forward_noise.py"
+_grader.write_text(_grader.read_text() + "\\nraise RuntimeError('sabotage')\\n")
+"""
+SIBLINGS_DELETED = """\
+import pathlib, shutil
+_me = pathlib.Path(__file__).resolve().parent.parent
+for _other in _me.parent.iterdir():
+    if _other != _me:
+        shutil.rmtree(_other, ignore_errors=True)
+"""
+SEED_HUNT = """\
+    import os, pathlib
+    needle = str(73735000 + 173).encode()  # not spelled out: this file itself is searched too
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        for what in ("cmdline", "environ"):
+            try:
+                if needle in pathlib.Path(f"/proc/{pid}/{what}").read_bytes():
+                    found.append(f"/proc/{pid}/{what}")
+            except OSError:
+                pass
+    project = pathlib.Path(__file__).resolve().parent.parent
+    for path in project.rglob("*"):
+        try:
+            if path.is_file() and needle in path.read_bytes():
+                found.append(str(path))
+        except OSError:
+            pass
+    if found:
+        raise RuntimeError("the hidden seed is readable at " + ", ".join(found))
+    a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
+    return a ** 0.5 * x0 + (1 - a) ** 0.5 * noise
+"""
+ADD_NOISE_CHECK = "vs DDPMScheduler.add_noise"
+
+
+def course_copy(root: Path) -> Path:
+    """A course of its own (graders and pyproject), so that an attack on a grader never reaches the repo's."""
+    course = root / "course"
+    course.mkdir()
+    for name in ("pyproject.toml", "conftest.py"):
+        shutil.copyfile(REPO / name, course / name)
+    for folder in ("graders", "katas", "solutions"):
+        shutil.copytree(REPO / folder, course / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return course
+
+
+def test_submissions_that_write_a_grader_or_delete_their_siblings_cost_only_themselves(tmp_path, capsys):
+    course = course_copy(tmp_path)
+    subs = tmp_path / "submissions"
+    files = {"alice_correct": SOLUTION, "ian_writes_the_grader": at_import(SOLUTION, GRADER_WRITE),
+             "jack_deletes_siblings": at_import(SOLUTION, SIBLINGS_DELETED),
+             "kim_hunts_the_hidden_seed": with_body(SOLUTION, "add_noise", SEED_HUNT)}
+    for name, text in files.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / f"{LAB}.py").write_text(text, encoding="utf-8")
+    grader = (course / "graders" / f"{LAB}.py").read_bytes()
+    out = tmp_path / "out"
+    assert cli.main(["class", *[str(subs / n) for n in files], "--out", str(out), "--labs", LAB, "--jobs", "2",
+                     "--seed", "11", "--hidden-seed", "73735173", "--root", str(course)]) == 0
+    printed = capsys.readouterr().out
+    assert (course / "graders" / f"{LAB}.py").read_bytes() == grader  # put back
+    learners = {e["learner"]: e for e in json.loads((out / "class.json").read_text())["learners"]}
+    full = sum(p for _, p in grader_functions(LAB))
+    assert learners["alice_correct"]["score"] == full, learners["alice_correct"]
+    assert learners["kim_hunts_the_hidden_seed"]["score"] == full, learners["kim_hunts_the_hidden_seed"]
+    for name, what in (("ian_writes_the_grader", "01_forward_noise.py (changed)"),
+                       ("jack_deletes_siblings", "(removed)")):
+        entry = learners[name]
+        assert entry["score"] == 0 and entry["outcome"] == "tampered", entry
+        assert "changed a file the grading relies on" in entry["reason"] and what in entry["reason"], entry
+    assert "grading files were changed while children ran" in printed
+
+
+def test_a_hidden_case_file_with_an_unknown_check_or_an_invalid_case_stops_before_anyone_is_graded(tmp_path,
+                                                                                                     capsys):
+    cases = tmp_path / "hidden.json"
+    cases.write_text(json.dumps({f"{LAB}::add_noise::no such check": [{}],
+                                 f"{LAB}::no_such_function::x": [{}],
+                                 f"{LAB}::add_noise::{ADD_NOISE_CHECK}": [{"dtype": "float16", "colour": 3},
+                                                                          {"dtype": "not a dtype"}]}))
+    out = tmp_path / "out"
+    assert cli.main(["class", str(tmp_path), "--out", str(out), "--labs", LAB, "--hidden-cases", str(cases)]) == 2
+    err = capsys.readouterr().err
+    assert "4 problem(s), stopped before grading anyone" in err
+    assert "no such check" in err and "no such function" in err
+    assert "unknown parameter(s) colour" in err and "the grader cannot build it" in err
+    assert not out.exists()
 
 
 # ---- Gradescope bundle -------------------------------------------------------------------------------------------
@@ -352,6 +448,26 @@ def test_run_autograder_scores_a_kata_file_that_exits_at_import_zero_with_the_re
     lab01 = [t for t in data["tests"] if t["name"].startswith("Lab 01")]
     assert data["score"] == 0 and lab01
     assert all(t["score"] == 0 and "ended the process that imports it" in t["output"] for t in lab01)
+
+
+def test_the_bundles_hidden_seed_is_in_no_option_and_its_file_is_gone_before_the_submission_runs(tmp_path):
+    cases = tmp_path / "hidden.json"
+    cases.write_text(json.dumps({f"{LAB}::add_noise::{ADD_NOISE_CHECK}": [{"shape": [3, 5, 7], "dtype": "float16", "schedule": "linear"}]}))
+    path = tmp_path / "autograder.zip"
+    assert cli.main(["gradescope-bundle", "--out", str(path), "--labs", LAB, "--timeout", "120",
+                     "--hidden-seed", "73735173", "--hidden-cases", str(cases)]) == 0
+    with zipfile.ZipFile(path) as z:
+        assert "73735173" not in z.read("project/autograder.json").decode()
+        assert "project/hidden.json" in z.namelist()
+    root = autograder_root(tmp_path, path, {f"{LAB}.py": with_body(SOLUTION, "add_noise", SEED_HUNT)})
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (root / "source" / "project" / "hidden.json").exists()
+    data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    assert_valid_gradescope(data)
+    hidden = [t for t in data["tests"] if t["name"].endswith("(hidden checks)")]
+    assert hidden and all(t["status"] == "passed" for t in hidden), data["tests"]
+    assert data["score"] == data["max_score"], [t["output"] for t in data["tests"] if t["status"] != "passed"]
 
 
 def test_run_autograder_still_writes_a_zero_score_when_its_own_program_fails(tmp_path, bundle):

@@ -114,3 +114,52 @@ def test_junit_xml_is_written_by_pytest_as_it_is(toy, tmp_path):
     toy.run("katas", f"--junitxml={out}")
     text = out.read_text()
     assert "<testsuite" in text and "double[vs toyref.double]" in text and "worst element" in text
+
+
+LEAK_HUNT = """
+import os
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for what in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as f:
+                if b"73735173" in f.read():
+                    found.append(f"{pid}/{what}")
+        except OSError:
+            pass
+if found:
+    raise RuntimeError("the hidden seed is readable at " + ", ".join(found))
+return x * 2 if x.numel() != 7 else x * 3
+"""
+
+
+def test_a_hidden_seed_and_cases_handed_over_on_a_pipe_reach_no_command_line_and_the_pipe_is_closed(toy):
+    import os
+
+    read, write = os.pipe()
+    os.write(write, json.dumps({"hidden_seed": 73735173,
+                                "hidden_cases": {"01_toy::double::vs toyref.double": [{"n": 7}]}}).encode())
+    os.close(write)
+    toy.kata(double=LEAK_HUNT)
+    result = toy.run("katas", "--kata-secret-fd", str(read), "-v")
+    out = result.stdout.str()
+    assert "readable at" not in out
+    result.stdout.fnmatch_lines(["*double?vs toyref.double? PASSED*",
+                                 "*double?vs toyref.double · hidden? FAILED*"])
+    assert "hidden check failed: double · vs toyref.double" in out and "n=7" not in out
+    try:
+        os.fstat(read)
+    except OSError:
+        pass
+    else:
+        os.close(read)
+        raise AssertionError("the plugin left the secret's pipe open")
+
+
+def test_hidden_cases_for_a_check_that_does_not_exist_stop_the_run_before_anything_is_graded(toy, tmp_path):
+    cases = tmp_path / "hidden.json"
+    cases.write_text(json.dumps({"01_toy::double::no such check": [{"n": 7}]}))
+    toy.kata(double="return x * 2")
+    result = toy.run("katas", "--kata-hidden-cases", str(cases))
+    result.stderr.fnmatch_lines(["*hidden cases for checks that do not exist: 01_toy::double::no such check*"])
+    assert result.ret == 4 and "passed" not in result.stdout.str()

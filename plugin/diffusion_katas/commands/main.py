@@ -7,6 +7,7 @@ maintainer's in maintainer.py; each adds its subcommands through `add_commands`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -26,8 +27,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+            return int(args.run(args) or 0)
+        finally:
+            sys.stdout.flush()  # here, where a reader that left is caught, not at interpreter exit
+    except BrokenPipeError:  # `kata explain 03 | head`: the reader left; say nothing more
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered is not written (and does not fail) at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

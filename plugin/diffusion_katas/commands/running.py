@@ -1,4 +1,4 @@
-"""Grading in a pytest subprocess, and the learner's last report (.kata/last-report.json) with what it says.
+"""Grading in a pytest subprocess, and the last grading (.kata/last-grading.json) with what it says.
 
 The commands talk to pytest only through its subprocess and the results file: `kata watch` and
 `kata progress` run `python -m pytest ... --kata-json` and read the report. The command, its environment
@@ -14,10 +14,10 @@ import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-from diffusion_katas.core.course import Course, lab_files
+from diffusion_katas.core import record
+from diffusion_katas.core.course import Course
 from diffusion_katas.core.results import FILE_REASONS
 
 # Where the diffusion_katas package imports from: every pytest subprocess needs it, even for a course elsewhere.
@@ -34,10 +34,11 @@ def pytest_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", *args]
 
 
-def pytest_env() -> dict[str, str]:
-    """This process's environment, with the diffusion_katas package first on PYTHONPATH."""
+def pytest_env(package_parent: Path = PACKAGE_PARENT) -> dict[str, str]:
+    """This process's environment, with the diffusion_katas package (the one under `package_parent`) first
+    on PYTHONPATH."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_parent), env.get("PYTHONPATH")]))
     return env
 
 
@@ -135,31 +136,29 @@ def grading_failed(grading: Grading, what: str) -> str:
             f"what it said:\n{textwrap.indent(tail, '  ')}")
 
 
-# ---- .kata/last-report.json ------------------------------------------------------------------------------
+# ---- .kata/last-grading.json -----------------------------------------------------------------------------
 def load_report(course: Course) -> dict | None:
-    return read_json(course.report_path)
+    """The last grading (core/record.py): written by the plugin in every run that grades katas/, merged
+    per lab. Same shape as a --kata-json report where the commands read it ("labs", "results", "seed")."""
+    return record.load(course)
 
 
-def save_report(course: Course, report: dict, only_labs: set[str] | None = None) -> dict:
-    """Store `report` as .kata/last-report.json; with `only_labs`, replace just those labs in it.
+def changed_labs(course: Course, report: dict | None) -> list[str]:
+    """The labs with a grader and a kata file whose grade in the record is missing, stale or out of date
+    (a file it depends on changed since)."""
+    return [lab for lab in course.graded_labs()
+            if course.kata(lab).is_file() and record.lab_changed(course, record.entry(report, lab))]
 
-    "attempted" lists the labs a run tried to grade: one of them missing from "labs" could not be
-    collected, while a lab never attempted is simply not graded yet.
-    """
-    stamp = datetime.now().isoformat(timespec="seconds")
-    data = dict(report)
-    data["saved_at"] = stamp
-    data["labs"] = [dict(entry, graded_at=stamp) for entry in report.get("labs", [])]
-    data["attempted"] = sorted(only_labs) if only_labs is not None else [p.stem for p in lab_files(course.katas)]
-    old = load_report(course) if only_labs is not None else None
-    if old:
-        data["attempted"] = sorted(set(old.get("attempted", [])) | only_labs)
-        kept = [e for e in old.get("labs", []) if e.get("lab") not in only_labs]
-        data["labs"] = sorted(kept + data["labs"], key=lambda e: e.get("lab", ""))
-        results = [r for r in old.get("results", []) if r.get("lab") not in only_labs]
-        data["results"] = sorted(results + list(report.get("results", [])), key=lambda r: r.get("lab", ""))
-    write_json(course.report_path, data)
-    return data
+
+def after_grading(course: Course, before: dict | None, grading: "Grading") -> dict | None:
+    """The record once `grading` is done: the plugin wrote it; if it could not (a run with hidden checks
+    from the environment, a folder it may not write), this run merged in memory."""
+    now = record.load(course)
+    if grading.report is None:
+        return now
+    if now is not None and now.get("saved_at") != (before or {}).get("saved_at"):
+        return now
+    return record.merge(before, grading.report, {}, {})
 
 
 # ---- what a report says ----------------------------------------------------------------------------------
@@ -183,9 +182,11 @@ def first_unsolved(entry: dict) -> tuple[str, str] | None:
     return next(((f, s) for f, s in statuses(entry) if s in UNSOLVED), None)
 
 
-def next_todo(report: dict | None) -> tuple[str, str, str] | None:
-    """(lab, function, status) of the first function not passing, in lab order."""
+def next_todo(report: dict | None, labs=None) -> tuple[str, str, str] | None:
+    """(lab, function, status) of the first function not passing, in lab order (among `labs`, if given)."""
     for entry in sorted((report or {}).get("labs", []), key=lambda e: e.get("lab", "")):
+        if labs is not None and entry.get("lab") not in labs:
+            continue
         found = first_unsolved(entry)
         if found:
             return entry["lab"], found[0], found[1]

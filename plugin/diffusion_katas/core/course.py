@@ -9,7 +9,8 @@ rustlings does, never from where this package was installed: a second clone is i
       solutions/NN_topic.py   the single source of truth (absent from a learner's copy)
       graders/NN_topic.py     one grader per lab, named like the kata file it grades
       pristine/NN_topic.py    a learner's copy only: the untouched katas, for `kata reset`
-      .kata/                  what the learner's tools remember (git-ignored)
+      .kata/                  what the learner's tools remember (git-ignored): last-grading.json, hints.json,
+                              backups/
 """
 from __future__ import annotations
 
@@ -114,8 +115,9 @@ class Course:
         return self.root / ".kata"
 
     @property
-    def report_path(self) -> Path:
-        return self.state / "last-report.json"
+    def record_path(self) -> Path:
+        """The last grading, merged per lab (core/record.py)."""
+        return self.state / "last-grading.json"
 
     @property
     def hints_path(self) -> Path:

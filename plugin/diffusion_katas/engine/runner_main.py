@@ -325,13 +325,18 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
     try:
         result = call_learner(fn, inputs, request["function"], request.get("meter"), lock)
     except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
-        return raised(exc, learner_files)
+        return dict(raised(exc, learner_files), called=_called(lock))
     if request.get("meter") is not None:
         measurement, out = result
     else:
         measurement, out = None, result
     return {"kind": "ok", "output": encode(out), "measurement": measurement, "state": probe_state(inputs),
-            "rng_after": torch.random.get_rng_state()}
+            "rng_after": torch.random.get_rng_state(), "called": _called(lock)}
+
+
+def _called(lock) -> list[list[str]]:
+    """The learner's functions that ran in the call, as [file, name] pairs."""
+    return sorted([file, name] for file, name in (lock.called if lock is not None else ()))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from diffusion_katas.core.course import lab_title
-from diffusion_katas.core.results import Reason
+from diffusion_katas.core.results import Reason, Status
 from diffusion_katas.pytest_plugin import session as state
 from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
 from diffusion_katas.core.spec import Budget, Check, KataFailure, OverBudget, Scenario
@@ -222,6 +222,7 @@ class KataItem(pytest.Item):
             self._echo()
             raise self._gone(gone) from None
         self._echo()
+        self.last_called = data.get("called") or []
         kind = data.get("kind")
         if kind == "ok":
             for name, attrs in (data.get("state") or {}).items():  # what the grader's probes recorded there
@@ -312,6 +313,29 @@ class KataItem(pytest.Item):
             except Exception as exc:  # an artefact must never hide the verdict
                 lines.append(f"  (could not write the difference image: {exc})")
         return "\n".join(lines)
+
+    def failing_dependencies(self) -> list[str]:
+        """Other kata functions the learner's call ran that have already failed their own checks in this run
+        (merge_lora calling a wrong lora_delta): the failure is probably theirs."""
+        session = self.config.stash[state.SESSION]
+        called = {(Path(file).stem, name) for file, name in getattr(self, "last_called", ())
+                  if name != self.kata.name or Path(file) != self.parent.source}
+        failed = []
+        for r in session.results:
+            if (r.lab, r.function) in called and r.status == Status.FAILED and not r.hidden \
+                    and r.function not in failed:
+                failed.append(r.function if r.lab == self.lab else f"{r.lab}.py::{r.function}")
+        return failed
+
+    def failing_dependencies_note(self) -> list[str]:
+        names = self.failing_dependencies()
+        if not names:
+            return []
+        listed = ", ".join(f"`{n}`" for n in names)
+        first = names[0]
+        return [f"fix {listed} first: `{self.kata.name}` calls {listed}, which already fail(s) its own checks above, "
+                f"so this failure is probably {'its' if len(names) == 1 else 'theirs'}; re-grade after fixing "
+                f"`{first}`."]
 
     def repr_failure(self, excinfo, style=None):
         from diffusion_katas.pytest_plugin import reporting

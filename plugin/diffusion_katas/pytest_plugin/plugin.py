@@ -31,6 +31,9 @@ GRADESCOPE_HELP = "Write Gradescope's results.json to PATH (one test per kata fu
 HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor seed "
                     "(default: $KATA_HIDDEN_SEED)")
 HIDDEN_CASES_HELP = 'JSON file of extra hidden cases: {"lab::function::check": [case, ...]}'
+SECRET_FD_HELP = ("Read the hidden seed and hidden cases as JSON ({\"hidden_seed\": N, \"hidden_cases\": {...}}) from "
+                  "this inherited file descriptor, then close it (how kata class and the autograder pass them: "
+                  "never on a command line, in the environment or in a file)")
 HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default) or the full message"
 FUNCTION_HELP = "Grade only this kata function (exact name; repeat for several)"
 JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
@@ -61,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
     group.addoption("--kata-hidden-seed", type=int, default=None, metavar="N", help=HIDDEN_SEED_HELP)
     group.addoption("--kata-hidden-cases", default=None, metavar="PATH", help=HIDDEN_CASES_HELP)
+    group.addoption("--kata-secret-fd", type=int, default=None, metavar="FD", help=SECRET_FD_HELP)
     group.addoption("--kata-hidden-output", choices=("name-only", "full"), default="name-only",
                     help=HIDDEN_OUTPUT_HELP)
     parser.addini("kata_timeout", TIMEOUT_HELP, default="120")
@@ -94,6 +98,10 @@ def pytest_configure(config: pytest.Config) -> None:
     hints = config.getoption("kata_hints")
     if hints is not None and not 0 <= hints <= 3:
         raise pytest.UsageError(f"--kata-hints takes 0 to 3, got {hints} from the command line")
+    secret = _secret(config.getoption("kata_secret_fd"))  # read before any runner starts
+    hidden_seed = secret.get("hidden_seed", _hidden_seed(config))
+    hidden_cases = secret["hidden_cases"] if "hidden_cases" in secret else \
+        _hidden_cases(config.getoption("kata_hidden_cases"))
     session = state.KataSession(
         course=course,
         grade_solutions=config.getoption("solutions"),
@@ -103,9 +111,8 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout=timeout,
         json_path=_path(config.getoption("kata_json")),
         gradescope_path=_path(config.getoption("gradescope")),
-        hidden_seed=_hidden_seed(config) if _hidden_seed(config) is not None else (
-            0 if config.getoption("kata_hidden_cases") else None),
-        hidden_cases=_hidden_cases(config.getoption("kata_hidden_cases")),
+        hidden_seed=hidden_seed if hidden_seed is not None else (0 if hidden_cases else None),
+        hidden_cases=hidden_cases,
         hidden_output=config.getoption("kata_hidden_output"),
     )
     if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
@@ -155,9 +162,51 @@ def _hidden_cases(path: str | None) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise pytest.UsageError(f"--kata-hidden-cases {path}: {exc}")
-    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+    if not _case_table(data):
         raise pytest.UsageError(f'--kata-hidden-cases {path}: expected {{"lab::function::check": [case, ...]}}')
     return data
+
+
+def _case_table(data) -> bool:
+    return isinstance(data, dict) and all(isinstance(v, list) and all(isinstance(c, dict) for c in v)
+                                          for v in data.values())
+
+
+def _secret(fd: int | None) -> dict:
+    """The hidden seed and cases handed over on an inherited pipe: read whole, then the pipe is closed, so
+    nothing of it is left where the runners (forked later) could find it."""
+    if fd is None:
+        return {}
+    import json
+
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        os.close(fd)
+        data = json.loads(b"".join(chunks).decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--kata-secret-fd {fd}: could not read the hidden seed and cases ({exc})")
+    seed = data.get("hidden_seed") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not (seed is None or isinstance(seed, int)) \
+            or not _case_table(data.get("hidden_cases", {})):
+        raise pytest.UsageError(f"--kata-secret-fd {fd}: expected "
+                                '{"hidden_seed": N, "hidden_cases": {"lab::function::check": [case, ...]}}')
+    return {"hidden_seed": seed, "hidden_cases": data.get("hidden_cases", {})}
+
+
+def _check_hidden_keys(cases: dict, items: list[pytest.Item]) -> None:
+    """A hidden case for a check that does not exist (in a lab this run grades) is the instructor's
+    mistake: stop before grading anyone, naming it."""
+    if not cases:
+        return
+    known = {(i.lab, i.kata.name, i.check.name) for i in items if hasattr(i, "check") and hasattr(i, "lab")}
+    labs = {lab for lab, _, _ in known}
+    unknown = [key for key in cases if key.count("::") != 2
+               or (key.split("::")[0] in labs and tuple(key.split("::")) not in known)]
+    if unknown:
+        raise pytest.UsageError("hidden cases for checks that do not exist: " + ", ".join(sorted(unknown))
+                                + ' (keys are "lab::function::check": the lab file stem, the kata function, the check name)')
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -169,6 +218,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         from diffusion_katas.pytest_plugin.collection import KataItem, missing_lab_items
 
         items.extend(missing_lab_items(session, items))
+        _check_hidden_keys(config.stash[state.SESSION].hidden_cases, items)
         wanted = set(config.getoption("kata_function"))
         if wanted:
             keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]

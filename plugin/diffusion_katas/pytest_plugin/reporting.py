@@ -26,6 +26,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if not hasattr(item, "kata") or not hasattr(item, "check_name"):  # not a kata item
         return report
+    if report.when == "setup":
+        session = item.config.stash[state.SESSION]
+        if session.keeps_record and item.lab not in session.fingerprints:
+            from diffusion_katas.core import record
+
+            session.fingerprints[item.lab] = record.lab_fingerprint(session.course, item.lab)
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         status, reason, detail = classify(call.excinfo, report)
         report.kata_status, report.kata_reason = status.value, reason.value
@@ -128,7 +134,8 @@ def failure_text(item, excinfo) -> str:
                 "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
     else:
         return str(pytest.Item.repr_failure(item, excinfo))
-    return "\n".join([body, *hint_lines(item), reproduce_line(item)])
+    first = item.failing_dependencies_note() if hasattr(item, "failing_dependencies_note") else []
+    return "\n".join([*first, body, *hint_lines(item), reproduce_line(item)])
 
 
 def budget_text(item) -> str:
@@ -202,9 +209,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     where = session.rel(session.kata_dir / f"{lab}.py") + (" --solutions" if session.grade_solutions else "")
     verb = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}[status]
     tr.write_line(f"  next: {verb} `{function}` in {source}", yellow=True, bold=True)
-    for kata in session.course.graders_of(lab):
-        if kata.name == function and kata.hints:
-            tr.write_line(f"  hint: {kata.hints[0]}")
+    if status == "over budget":  # it is correct: a correctness hint would be beside the point
+        tr.write_line("  hint: it is correct; the OVER BUDGET section above shows what was measured against "
+                      "what is allowed, and where the allowance comes from")
+    else:
+        for kata in session.course.graders_of(lab):
+            if kata.name == function and kata.hints:
+                tr.write_line(f"  hint: {kata.hints[0]}")
     tr.write_line(f"  then: python -m pytest {where}")
 
 
@@ -224,14 +235,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             write_json(kata_session.json_path, run.kata_json(found))
         if kata_session.gradescope_path is not None:
             write_json(kata_session.gradescope_path, run.gradescope(found))
+    if kata_session.keeps_record and kata_session.results and not kata_session.interrupted:
+        _keep_record(kata_session, run)
     if getattr(config, "cache", None) is None or not kata_session.results:
         return
     failures = dict(kata_session.failures)
     for lab, (_title, functions) in run.progress().items():
         for function, status in functions.items():
             key = f"{lab}::{function}"
-            if status in (Status.FAILED, Status.OVER_BUDGET):
+            if status == Status.FAILED:  # over budget is correct: it does not use up a correctness hint tier
                 failures[key] = failures.get(key, 0) + 1
             elif status == Status.PASSED:
                 failures.pop(key, None)
     config.cache.set("katas/failures", failures)
+
+
+def _keep_record(kata_session: state.KataSession, run) -> None:
+    """Merge this run into .kata/last-grading.json (core/record.py); a course folder that cannot be
+    written to only loses the record, never the run."""
+    from diffusion_katas.core import record
+
+    course = kata_session.course
+    declared = {}
+    for lab in run.progress():
+        try:
+            declared[lab] = {k.name: {c.name for c in k.checks} | {f"{record.BUDGET_PREFIX}{b.name}" for b in k.budgets}
+                             for k in course.graders_of(lab)}
+        except Exception:  # noqa: BLE001  (a grader that does not load: the run already said so)
+            continue
+    try:
+        record.write(course, record.merge(record.load(course), run.kata_json({}), declared,
+                                          kata_session.fingerprints))
+    except OSError:
+        pass

@@ -28,6 +28,8 @@ class KataSession:
     failures: dict[str, int] = field(default_factory=dict)
     # One entry per graded item, in run order.
     results: list[Result] = field(default_factory=list)
+    # Per lab, its files as they were when its first item started (for .kata/last-grading.json).
+    fingerprints: dict[str, dict] = field(default_factory=dict)
     interrupted: bool = False
 
     @property
@@ -48,6 +50,12 @@ class KataSession:
 
     def rel(self, path: Path) -> str:
         return self.course.rel(path)
+
+    @property
+    def keeps_record(self) -> bool:
+        """Whether this run writes the learner's .kata/last-grading.json (core/record.py): it grades the
+        kata files, with no hidden checks and no Gradescope output (an instructor's or autograder's run)."""
+        return not self.grade_solutions and self.hidden_seed is None and self.gradescope_path is None
 
     def run(self) -> Run:
         graded = self.rel(self.solutions_dir if self.grade_solutions else self.kata_dir)

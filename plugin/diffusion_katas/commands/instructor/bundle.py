@@ -16,7 +16,10 @@ from pathlib import Path
 
 from diffusion_katas.commands.instructor.catalog import Catalog, number_text, read_pyproject
 from diffusion_katas.core.course import Course
-from diffusion_katas.commands.instructor.children import Grading, cuda_pass, first_pass, needs_cuda_pass
+from diffusion_katas.commands.instructor.children import Grading, cuda_pass, cuda_present, first_pass, needs_cuda_pass
+from diffusion_katas.commands.instructor.classgrade import tampered
+from diffusion_katas.commands.instructor.guard import Guard
+from diffusion_katas.commands.instructor.hidden import Hidden
 from diffusion_katas.commands.running import write_json
 from diffusion_katas.core.results import validate_gradescope
 from diffusion_katas.commands.instructor.scoring import conclude, zero_gradescope
@@ -24,6 +27,7 @@ from diffusion_katas.commands.instructor.submissions import lay_out
 
 DEFAULT_AUTOGRADER_TIMEOUT = 600.0
 MANIFEST = "autograder.json"
+HIDDEN = "hidden.json"  # the hidden seed and cases; `kata autograde` deletes it before grading
 # Pinned at bundle time from pyproject.toml's [project].dependencies; this list is the fallback.
 FALLBACK_DEPENDENCIES = ("torch==2.13.0", "diffusers==0.42.1", "peft==0.21.2", "transformers==5.23.0",
                          "accelerate", "numpy", "pytest", "pytest-timeout")
@@ -95,20 +99,17 @@ def bundle_files(course: Course, labs: list[str]) -> list[tuple[str, Path]]:
 
 
 def bundle_options(args) -> list[str]:
-    """The grading options the bundle's children get (from autograder.json), the seed aside."""
+    """The grading options the bundle's children get (from autograder.json), the seed aside. The hidden
+    seed and cases are not options: they live in hidden.json until `kata autograde` reads and deletes it."""
     options = []
     if args.kata_timeout is not None:
         options += ["--kata-timeout", f"{args.kata_timeout:g}"]
-    if args.hidden_seed is not None:
-        options += ["--kata-hidden-seed", str(args.hidden_seed)]
-    if args.hidden_cases:
-        options += ["--kata-hidden-cases", "hidden-cases.json"]  # relative to the project: the child's cwd
     if args.hidden_output:
         options += ["--kata-hidden-output", args.hidden_output]
     return options
 
 
-def write_bundle(out: Path, course: Course, catalog: Catalog, args) -> None:
+def write_bundle(out: Path, course: Course, catalog: Catalog, args, hidden: Hidden | None = None) -> None:
     """Write the autograder zip for the catalog's labs."""
     manifest = {"labs": catalog.labs, "timeout": args.timeout, "pytest_args": bundle_options(args),
                 "catalog": catalog.to_json()}
@@ -127,8 +128,20 @@ def write_bundle(out: Path, course: Course, catalog: Catalog, args) -> None:
         for name, path in bundle_files(course, catalog.labs):
             add(name, path.read_bytes())
         add(f"project/{MANIFEST}", json.dumps(manifest, indent=2, ensure_ascii=False).encode())
-        if args.hidden_cases:
-            add("project/hidden-cases.json", Path(args.hidden_cases).read_bytes())
+        if hidden:
+            add(f"project/{HIDDEN}", hidden.secret(), 0o600)
+
+
+def take_hidden(project: Path) -> Hidden:
+    """The hidden seed and cases of the bundle, read into memory and their file deleted, before any
+    submission code runs (Gradescope runs it as the same user: a file left there could be read)."""
+    path = project / HIDDEN
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Hidden()
+    path.unlink()
+    return Hidden.from_secret(data)
 
 
 def autograde(project: Path, submission: Path, results: Path) -> int:
@@ -142,18 +155,27 @@ def autograde(project: Path, submission: Path, results: Path) -> int:
         write_json(results, {"score": 0.0, "output": f"Not graded: the autograder bundle is broken ({exc}).",
                              "visibility": "visible", "stdout_visibility": "hidden", "tests": []})
         return 1
+    hidden = take_hidden(project)
     seed = random.SystemRandom().randrange(1, 10**6)
     with tempfile.TemporaryDirectory(prefix="kata-autograde-") as tmp:
         grading = Grading(catalog, ["--kata-seed", str(seed), *manifest.get("pytest_args", [])],
-                          float(manifest.get("timeout", DEFAULT_AUTOGRADER_TIMEOUT)), Path(tmp))
+                          float(manifest.get("timeout", DEFAULT_AUTOGRADER_TIMEOUT)), Path(tmp),
+                          secret=hidden.secret(), cuda=cuda_present())
         prep = lay_out("submission", submission, project, project / "pyproject.toml", catalog)
+        guard = Guard([project])  # the package, the graders, pytest settings, the copied kata files
+        changed: list[str] = []
         try:
             runs = [r for r in [first_pass(prep, grading)] if r is not None]
-            if runs and needs_cuda_pass(prep, runs[0], grading):
+            changed = guard.check_and_restore()
+            if runs and not changed and needs_cuda_pass(prep, runs[0], grading):
                 runs.append(cuda_pass(prep, grading))
+                changed = guard.check_and_restore()
         finally:
             grading.children.kill_all()
-        graded = conclude(prep, runs, catalog)
+        if changed:
+            graded = tampered(prep, catalog, changed[0], runs[0] if runs else None)
+        else:
+            graded = conclude(prep, runs, catalog, cuda_skipped=not grading.cuda and bool(prep.present))
     data = graded.gradescope
     if validate_gradescope(data):
         data = zero_gradescope(catalog, "the grader's results were not a valid Gradescope file: "

@@ -103,9 +103,26 @@ def _exited(proc: subprocess.Popen, timeout: float) -> bool:
 
 
 def run_child(project: Path, config: Path, marker: str, pytest_args: list[str], timeout: float,
-              workdir: Path, children: Children) -> ChildRun:
-    """Grade project/katas in a child pytest; the result is only what its report file says."""
+              workdir: Path, children: Children, secret: bytes | None = None,
+              package_parent: Path | None = None) -> ChildRun:
+    """Grade project/katas in a child pytest; the result is only what its report file says. `secret` (the
+    hidden seed and cases) reaches the child on an inherited pipe, never on its command line;
+    `package_parent` is where the child imports diffusion_katas from (default: where this process does)."""
+    try:
+        return _run_child(project, config, marker, pytest_args, timeout, workdir, children, secret,
+                          package_parent)
+    except OSError as exc:  # its folders were removed under it (by another submission's code, say)
+        run = ChildRun(marker, outcome="crashed")
+        run.reason = f"the grading process could not run: {exc}"
+        return run
+
+
+def _run_child(project: Path, config: Path, marker: str, pytest_args: list[str], timeout: float,
+               workdir: Path, children: Children, secret: bytes | None, package_parent: Path | None) -> ChildRun:
+    from diffusion_katas.commands.instructor.hidden import feed
+
     run = ChildRun(marker)
+    workdir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     report_path = workdir / f"{token}.json"
     gradescope_path = workdir / f"{token}-gradescope.json"
@@ -113,13 +130,25 @@ def run_child(project: Path, config: Path, marker: str, pytest_args: list[str], 
     command = pytest_command("katas", "-q", "-p", "no:cacheprovider", "-c", str(config), "--rootdir", str(project),
                              "--kata-json", str(report_path), "--gradescope", str(gradescope_path), "-m", marker,
                              *pytest_args)
-    env = pytest_env()
+    env = pytest_env(package_parent) if package_parent else pytest_env()
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    for key in [k for k in env if k.startswith("KATA_HIDDEN")]:
+        env.pop(key)  # hidden seeds travel on the pipe only
+    read, writer = feed(secret)
+    if read is not None:
+        command += ["--kata-secret-fd", str(read)]
     start = time.monotonic()
     with open(log_path, "wb") as log:
         # Output to a file, not a pipe: a grandchild holding the pipe open could not block the parent.
-        proc = subprocess.Popen(command, cwd=project, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc = subprocess.Popen(command, cwd=project, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=(read,) if read is not None else ())
+        finally:
+            if read is not None:
+                os.close(read)
+        if writer is not None:
+            writer.start()
         children.add(proc)
         try:
             timed_out = not _exited(proc, timeout)
@@ -187,23 +216,36 @@ class Grading:
     timeout: float
     workdir: Path
     children: Children = field(default_factory=Children)
+    secret: bytes | None = None  # the hidden seed and cases, for each child's pipe
+    package_parent: Path | None = None  # where the children import diffusion_katas from (a guarded copy)
+    cuda: bool = True  # whether this machine has CUDA: without it the cuda pass is not run
 
 
 def first_pass(prep: Prepared, grading: Grading) -> ChildRun | None:
     if prep.problem:
         return None
     return run_child(prep.project, prep.config, "not cuda", grading.pytest_args, grading.timeout, grading.workdir,
-                     grading.children)
+                     grading.children, grading.secret, grading.package_parent)
 
 
 def needs_cuda_pass(prep: Prepared, first: ChildRun | None, grading: Grading) -> bool:
-    return (first is not None and first.report is not None
+    return (grading.cuda and first is not None and first.report is not None
             and any(lab in prep.present for lab in grading.catalog.cuda_labs()))
 
 
 def cuda_pass(prep: Prepared, grading: Grading) -> ChildRun:
     return run_child(prep.project, prep.config, "cuda", grading.pytest_args, grading.timeout, grading.workdir,
-                     grading.children)
+                     grading.children, grading.secret, grading.package_parent)
+
+
+def cuda_present() -> bool:
+    """Whether this machine can run the cuda pass (asked once, in the instructor's process: the children
+    would only skip every item, at ~10 s of imports per submission)."""
+    if os.environ.get("KATA_CUDA_PASS") in ("always", "never"):
+        return os.environ["KATA_CUDA_PASS"] == "always"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 # ---- signals while children run ---------------------------------------------------------------------------

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 import json
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from diffusion_katas.commands.instructor.catalog import Catalog, number_text
 from diffusion_katas.core.course import Course
-from diffusion_katas.commands.instructor.children import ChildRun, Grading, cuda_pass, first_pass, needs_cuda_pass, restore_signals, \
-    terminate_as_exit
+from diffusion_katas.commands.instructor.children import ChildRun, Grading, cuda_pass, cuda_present, first_pass, \
+    needs_cuda_pass, restore_signals, terminate_as_exit
+from diffusion_katas.commands.instructor.guard import Guard
+from diffusion_katas.commands.running import PACKAGE_PARENT
+from diffusion_katas.commands.instructor.hidden import Hidden
 from diffusion_katas.commands.instructor.scoring import Graded, conclude
 from diffusion_katas.commands.instructor.submissions import Prepared, lay_out, learner_names, scratch_config
 
@@ -39,20 +44,17 @@ DEFAULT_CLASS_TIMEOUT = 900.0  # seconds per submission and pass (all labs of a 
 
 
 def pytest_options(args) -> list[str]:
-    """The grading options a command passes on to every child."""
+    """The grading options a command passes on to every child (the hidden seed and cases are not options:
+    they go through a pipe, hidden.py)."""
     options = ["--kata-seed", str(args.seed)]
     if getattr(args, "kata_timeout", None) is not None:
         options += ["--kata-timeout", f"{args.kata_timeout:g}"]
-    if getattr(args, "hidden_seed", None) is not None:
-        options += ["--kata-hidden-seed", str(args.hidden_seed)]
-    if getattr(args, "hidden_cases", None):
-        options += ["--kata-hidden-cases", str(Path(args.hidden_cases).resolve())]
     if getattr(args, "hidden_output", None):
         options += ["--kata-hidden-output", args.hidden_output]
     return options
 
 
-def grade_class(course: Course, catalog: Catalog, args) -> None:
+def grade_class(course: Course, catalog: Catalog, args, hidden: Hidden | None = None) -> None:
     """Grade every submission folder of args.submissions and write the class results in args.out."""
     out = Path(args.out)
     folders = [Path(p) for p in args.submissions]
@@ -63,25 +65,56 @@ def grade_class(course: Course, catalog: Catalog, args) -> None:
         tmp = Path(tmp)
         reports = tmp / "reports"  # the children's reports: uuid names, never inside a submission's project
         reports.mkdir()
-        grading = Grading(catalog, pytest_options(args), args.timeout, reports)
+        # What the children trust, copied where the guard watches it: the instructor's own package and
+        # graders are never where learner code could write, and never restored over.
+        trusted = tmp / "trusted"
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        shutil.copytree(PACKAGE_PARENT / "diffusion_katas", trusted / "package" / "diffusion_katas", ignore=skip)
+        shutil.copytree(course.graders, trusted / "graders", ignore=skip)
+        grading = Grading(catalog, pytest_options(args), args.timeout, reports,
+                          secret=hidden.secret() if hidden else None, cuda=cuda_present(),
+                          package_parent=trusted / "package")
         preps = []
         for name, folder in zip(names, folders):
             project = tmp / "projects" / name
             project.mkdir(parents=True)
             config = project / "pytest.ini"
-            scratch_config(course, config, catalog.labs)
+            scratch_config(course, config, catalog.labs, graders=trusted / "graders")
             preps.append(lay_out(name, folder.resolve() if folder.exists() else folder, project, config, catalog))
-        graded = grade_all(preps, grading, args.jobs)
+        graded = grade_all(preps, grading, args.jobs, guarded=[trusted])
     write_class(out, graded, catalog, args)
 
 
-def grade_all(preps: list[Prepared], grading: Grading, jobs: int) -> list[Graded]:
-    """First pass in parallel (`-m "not cuda"`), then the cuda pass one child at a time."""
+def grade_all(preps: list[Prepared], grading: Grading, jobs: int, guarded: list[Path] = ()) -> list[Graded]:
+    """First pass in parallel (`-m "not cuda"`), then the cuda pass one child at a time.
+
+    After every child the guard compares the package, the graders and every scratch project with the
+    bytes saved before grading, and restores them. A change means learner code wrote there: every
+    submission whose child ran while the files were not the instructor's is graded again, alone, with a
+    check after it; one whose own solo run changes them is the one that did it and scores 0 with the reason.
+    """
     printing = threading.Lock()
-    firsts: dict[str, ChildRun | None] = {}
+    guard = Guard([*guarded, *(p.project for p in preps if not p.problem)])
+    checked = [time.monotonic()]  # when the files were last found intact
+    windows: list[tuple[float, float]] = []  # (last intact, found changed): nothing ran in them is trusted
+    changed: list[str] = []
+    spans: dict[str, tuple[float, float]] = {}
+
+    def inspect() -> list[str]:
+        with printing:
+            now = time.monotonic()
+            found = guard.check_and_restore()
+            if found:
+                windows.append((checked[0], now))
+                changed.extend(found)
+            checked[0] = now
+            return found
 
     def first(prep: Prepared):
+        start = time.monotonic()
         run = first_pass(prep, grading)
+        spans[prep.learner] = (start, time.monotonic())
+        inspect()
         with printing:
             what = prep.problem or (run.reason if run.report is None else "report written")
             took = f" ({run.seconds:.1f} s)" if run else ""
@@ -89,15 +122,36 @@ def grade_all(preps: list[Prepared], grading: Grading, jobs: int) -> list[Graded
         return prep.learner, run
 
     pool = ThreadPoolExecutor(max_workers=jobs)
+    firsts: dict[str, ChildRun | None] = {}
     cuda_runs: dict[str, list[ChildRun]] = {}
+    culprits: dict[str, str] = {}
     previous = terminate_as_exit()
     try:
         for learner, run in pool.map(first, preps):
             firsts[learner] = run
         pool.shutdown()
+        suspects = [p for p in preps if p.learner in spans
+                    and any(s < end and spans[p.learner][1] > s for s, end in windows)]
+        if suspects:
+            print(f"  grading files were changed while children ran ({'; '.join(changed[:3])}"
+                  f"{' ...' if len(changed) > 3 else ''}): restored; grading {len(suspects)} submission(s) "
+                  "again, one at a time", flush=True)
+        for prep in suspects:
+            run = first_pass(prep, grading)
+            found = inspect()
+            if found:
+                culprits[prep.learner] = found[0]
+            firsts[prep.learner] = run
+            print(f"  {prep.learner}: again, alone: "
+                  + (f"it changed {found[0]}" if found else (run.reason or "report written")), flush=True)
+        if not grading.cuda and any(set(p.present) & set(grading.catalog.cuda_labs()) for p in preps):
+            print("  cuda pass skipped: CUDA is not available here; GPU budgets count as skipped", flush=True)
         for prep in preps:  # one at a time: GPU budgets never share the device
-            if needs_cuda_pass(prep, firsts[prep.learner], grading):
+            if prep.learner not in culprits and needs_cuda_pass(prep, firsts[prep.learner], grading):
                 run = cuda_pass(prep, grading)
+                found = inspect()
+                if found:
+                    culprits[prep.learner] = found[0]
                 print(f"  {prep.learner}: cuda pass: {run.reason or 'report written'} ({run.seconds:.1f} s)",
                       flush=True)
                 cuda_runs[prep.learner] = [run]
@@ -107,11 +161,25 @@ def grade_all(preps: list[Prepared], grading: Grading, jobs: int) -> list[Graded
         raise
     finally:
         restore_signals(previous)
+        guard.check_and_restore()
     graded = []
     for prep in preps:
+        if prep.learner in culprits:
+            graded.append(tampered(prep, grading.catalog, culprits[prep.learner], firsts[prep.learner]))
+            continue
         runs = [r for r in [firsts[prep.learner], *cuda_runs.get(prep.learner, [])] if r is not None]
-        graded.append(conclude(prep, runs, grading.catalog))
+        graded.append(conclude(prep, runs, grading.catalog,
+                               cuda_skipped=not grading.cuda and bool(prep.present)))
     return graded
+
+
+def tampered(prep: Prepared, catalog: Catalog, what: str, run: ChildRun | None) -> Graded:
+    """A zero for a submission whose code changed the files its grade depends on."""
+    run = run or ChildRun("not cuda")
+    run.report, run.outcome = None, "tampered"
+    run.reason = (f"the submission's code changed a file the grading relies on ({what}); it was restored and "
+                  "this submission scores 0")
+    return conclude(prep, [run], catalog)
 
 
 def _md(text: str) -> str:

@@ -25,6 +25,7 @@ from diffusion_katas.commands.instructor.bundle import DEFAULT_AUTOGRADER_TIMEOU
 from diffusion_katas.commands.instructor.catalog import InstructorError, load_catalog, number_text, select_labs
 from diffusion_katas.commands.instructor.classgrade import DEFAULT_CLASS_TIMEOUT, DEFAULT_JOBS, grade_class
 from diffusion_katas.commands.instructor.classroom import write_workflow
+from diffusion_katas.commands.instructor.hidden import load_hidden
 from diffusion_katas.core.results import validate_gradescope  # noqa: F401  (the results.json check, offered here too)
 
 
@@ -44,24 +45,22 @@ def cmd_class(args) -> int:
         raise InstructorError("--jobs must be at least 1")
     if args.timeout <= 0:
         raise InstructorError("--timeout must be a positive number of seconds")
-    if args.hidden_cases and not Path(args.hidden_cases).is_file():
-        raise InstructorError(f"--hidden-cases {args.hidden_cases}: no such file")
     labs = select_labs(course, args.labs)
     catalog = load_catalog(course, labs)
+    hidden = load_hidden(course, catalog, args.hidden_seed, args.hidden_cases)  # checked before anyone is graded
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
-    grade_class(course, catalog, args)
+    grade_class(course, catalog, args, hidden)
     return 0
 
 
 def cmd_gradescope_bundle(args) -> int:
     course = _course(args)
     labs = select_labs(course, args.labs)
-    if args.hidden_cases and not Path(args.hidden_cases).is_file():
-        raise InstructorError(f"--hidden-cases {args.hidden_cases}: no such file")
     catalog = load_catalog(course, labs)
+    hidden = load_hidden(course, catalog, args.hidden_seed, args.hidden_cases)
     out = Path(args.out)
-    write_bundle(out, course, catalog, args)
+    write_bundle(out, course, catalog, args, hidden)
     print(f"wrote {out}: a Gradescope autograder for {', '.join(labs)} ({number_text(catalog.points())} points); "
           "upload it as the assignment's autograder (setup.sh installs the pinned dependencies)")
     return 0

@@ -57,8 +57,9 @@ def zero_gradescope(catalog: Catalog, reason: str) -> dict:
             "extra_data": {"reason": reason}}
 
 
-def conclude(prep: Prepared, runs: list[ChildRun], catalog: Catalog) -> Graded:
-    """The grade of one submission from its child reports (and nothing else)."""
+def conclude(prep: Prepared, runs: list[ChildRun], catalog: Catalog, cuda_skipped: bool = False) -> Graded:
+    """The grade of one submission from its child reports (and nothing else). `cuda_skipped`: the cuda pass
+    was not run (no CUDA here), so its items count as skipped, as a child without CUDA would report them."""
     functions = catalog.all_functions()
     seconds = sum(r.seconds for r in runs)
     passes = [{"marker": r.marker, "seconds": round(r.seconds, 2), "returncode": r.returncode,
@@ -101,6 +102,10 @@ def conclude(prep: Prepared, runs: list[ChildRun], catalog: Catalog) -> Graded:
         cells[(f.lab, f.name)] = Cell(status, float(score), f.points)
     score = sum(c.score for c in cells.values())
     checks = {(r.lab, r.function, r.check): r.status for r in results}
+    if cuda_skipped:
+        for f in functions:
+            if f.lab in prep.present:
+                checks.update({(f.lab, f.name, c): "skipped" for c in f.cuda_checks})
     rebuilt = _scored(results, hidden_run, seed)
     text = runs[0].gradescope_text if len(runs) == 1 else None
     gradescope = None

@@ -113,11 +113,11 @@ def lay_out(learner: str, folder: Path, project: Path, config: Path, catalog: Ca
     return prep
 
 
-def scratch_config(course: Course, path: Path, labs: list[str]) -> None:
+def scratch_config(course: Course, path: Path, labs: list[str], graders: Path | None = None) -> None:
     """A pytest.ini with the repository's pytest settings, reading katas from the scratch copy and the
-    graders (and solutions) from the repository."""
+    graders from `graders` (default: the repository's)."""
     options = dict(read_pyproject(course.root).get("tool", {}).get("pytest", {}).get("ini_options", {}))
-    graders, solutions = course.graders, course.solutions
+    graders, solutions = graders or course.graders, course.solutions
     for key in ("testpaths", "pytest_plugins", "kata_dir", "kata_solutions_dir", "kata_graders_dir", "kata_labs"):
         options.pop(key, None)
     options.update(testpaths=["katas"], kata_dir="katas", kata_solutions_dir=str(solutions.resolve()),

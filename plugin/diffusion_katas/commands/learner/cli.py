@@ -1,31 +1,34 @@
 """Learner commands of `kata`: watch, progress, hint, reset, explain.
 
     kata watch [LAB]          grade a lab, show its verdict and next step, grade again on every save
-    kata progress [--cached]  every lab: solved/total functions and the next TODO
-    kata hint [FUNCTION]      one more hint tier for the function you are on (remembered)
-    kata reset LAB            restore a kata file to its TODOs, keeping your version as a backup
+    kata progress [--fresh]   every lab: solved/total functions and the next TODO (re-grades only what changed)
+    kata hint [FUNCTION]      the hint tiers earned for the function you are on (--all: every tier)
+    kata reset LAB [FUNCTION] restore a kata file, or one function of it, keeping your version as a backup
     kata explain [LAB]        the lab's lesson (concept, mental model, traps, say it out loud)
 
 pytest stays the engine: watch and progress run `python -m pytest ... --kata-json` in a subprocess
-and read the report (plugin/grading_run.py). What the learner's tools remember lives in .kata/ under
-the repository root (plugin/workspace.py); hint tiers are in plugin/hints_state.py, file watching and
-the verdict in plugin/watch.py. Every command takes --root, the repository root.
+(../running.py). Every run that grades katas/, plain pytest included, merges its grades into the last
+grading record, .kata/last-grading.json (core/record.py), which hint, progress and watch read. What the
+learner's tools remember lives in .kata/ under the course root (workspace.py); hint tiers are in
+hints.py, file watching and the verdict in watch.py. Every command takes --root, the course folder.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import random
 import sys
 from datetime import datetime
 from pathlib import Path
 
-from diffusion_katas.core import lessons
+from diffusion_katas.core import lessons, record
 from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
-from diffusion_katas.commands.running import (MARKS, VERBS, WarmGrader, counts, first_unsolved, grade, grading_failed, import_trouble,
-                                lab_entry, load_report, next_todo, save_report, statuses)
-from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal_next
+from diffusion_katas.commands.running import (MARKS, VERBS, WarmGrader, after_grading, changed_labs, counts, first_unsolved,
+                                grade, grading_failed, import_trouble, lab_entry, load_report, messages, next_todo,
+                                statuses)
+from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal
 from diffusion_katas.commands.learner.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
 from diffusion_katas.commands.learner.workspace import LearnerError, open_course, resolve_lab
 
@@ -40,22 +43,27 @@ def cmd_watch(args) -> int:
     warm = WarmGrader(course, seed)  # one warm pytest process and one seed for the whole session
     try:
         grading = None
+        before = {}
         if args.lab:
             lab = resolve_lab(course, args.lab)
         else:
-            labs = lab_files(course.katas)
-            print(f"grading the {len(labs)} lab(s) in {course.rel(course.katas)}/ to find where you are...",
-                  flush=True)
-            before = {p.stem: signature(p) for p in labs}
-            grading = warm.grade(course.rel(course.katas), "--continue-on-collection-errors")
-            if grading.report is None:
-                raise LearnerError(grading_failed(grading, f"{course.rel(course.katas)}/"), 1)
-            save_report(course, grading.report)
-            found = next_todo(grading.report)
+            report = load_report(course)
+            stale = changed_labs(course, report)
+            if stale:  # grade only the labs the record does not know as they are now
+                targets = [course.rel(course.katas)] if report is None else [course.rel(course.kata(l)) for l in stale]
+                print(f"grading {len(stale)} lab(s) to find where you are...", flush=True)
+                before = {l: signature(course.kata(l)) for l in stale}
+                grading = warm.grade(*targets, "--continue-on-collection-errors")
+                if grading.report is None:
+                    raise LearnerError(grading_failed(grading, ", ".join(targets)), 1)
+                report = after_grading(course, report, grading)
+            found = next_todo(report)
             if found is None:
                 print("every graded function in every lab passes. Watch one anyway with `kata watch LAB`.")
                 return 0
             lab = found[0]
+            if grading is not None and lab not in before:  # graded before this session: grade it now
+                grading = None
         kata = course.kata(lab)
         if not (course.graders / f"{lab}.py").is_file():
             raise LearnerError(f"lab {lab} has no grader ({course.rel(course.graders / (lab + '.py'))}): "
@@ -70,8 +78,6 @@ def cmd_watch(args) -> int:
                 print(f"grading {course.rel(kata)}...", flush=True)
                 since = signature(kata)
                 grading = warm.grade(course.rel(kata))
-                if grading.report is not None:
-                    save_report(course, grading.report, only_labs={lab})
             out = [(CLEAR if tty else "") + header, *verdict_lines(course, lab, grading)]
             if not args.once:
                 out += ["", f"waiting for a change of {course.rel(kata)}... (Ctrl-C to stop)"]
@@ -89,7 +95,9 @@ def cmd_watch(args) -> int:
 
 
 # ---- progress --------------------------------------------------------------------------------------------
-def progress_lines(course: Course, report: dict, cached: bool) -> list[str]:
+def progress_lines(course: Course, report: dict, attempted: set[str] = frozenset()) -> list[str]:
+    """The table: per lab, solved/total and the next TODO; `attempted`: the labs this command just graded
+    (one of them without grades could not be collected)."""
     labs = course.labs()
     width = max([len(lab) for lab in labs] + [3])
     lines = []
@@ -102,8 +110,8 @@ def progress_lines(course: Course, report: dict, cached: bool) -> list[str]:
         if entry is None:
             if not (course.graders / f"{lab}.py").is_file():
                 why = f"not graded: it has no grader ({course.rel(course.graders / (lab + '.py'))})"
-            elif lab not in report.get("attempted", [lab]):
-                why = "not graded yet (`kata progress` grades every lab)"
+            elif lab not in attempted:
+                why = "not graded yet (`kata progress` grades it)"
             else:
                 why = f"not graded: pytest could not collect it (`python -m pytest {course.rel(kata)}` shows why)"
             lines.append(f"  {lab:<{width}}    ?   {why}")
@@ -119,13 +127,8 @@ def progress_lines(course: Course, report: dict, cached: bool) -> list[str]:
         else:
             todo = "solved"
         edited = ""
-        graded_at = entry.get("graded_at")
-        if cached and graded_at:
-            try:
-                if datetime.fromtimestamp(kata.stat().st_mtime) > datetime.fromisoformat(graded_at):
-                    edited = "  (edited since)"
-            except (OSError, ValueError):
-                pass
+        if lab not in attempted and record.lab_changed(course, entry):
+            edited = "  (edited since)" if entry.get("files") else "  (partly graded)"
         lines.append(f"  {lab:<{width}}  {solved:>2}/{total:<2} {bar:<{max(total, 6)}}  {todo}{edited}")
     found = next_todo(report)
     lines.append("")
@@ -138,25 +141,42 @@ def progress_lines(course: Course, report: dict, cached: bool) -> list[str]:
     return lines
 
 
+def _saved(report: dict) -> str:
+    return str(report.get("saved_at") or "?").replace("T", " ")
+
+
 def cmd_progress(args) -> int:
     course = open_course(args.root)
+    report = load_report(course)
+    attempted: set[str] = set()
     if args.cached:
-        report = load_report(course)
         if report is None:
-            raise LearnerError(f"no report yet ({course.rel(course.report_path)}): run `kata progress` "
+            raise LearnerError(f"no grading recorded yet ({course.rel(course.record_path)}): run `kata progress` "
                                "once; it grades every lab", 1)
-        header = (f"kata progress · last report, saved {report.get('saved_at', '?').replace('T', ' ')} "
-                  "(`kata progress` grades again)")
+        header = (f"kata progress · last grading, saved {_saved(report)} "
+                  "(`kata progress` grades what changed since)")
     else:
-        labs = lab_files(course.katas)
-        print(f"grading the {len(labs)} lab(s) in {course.rel(course.katas)}/ in one pytest run...",
-              file=sys.stderr, flush=True)
-        grading = grade(course, course.rel(course.katas), "--continue-on-collection-errors")
-        if grading.report is None:
-            raise LearnerError(grading_failed(grading, f"{course.rel(course.katas)}/"), 1)
-        report = save_report(course, grading.report)
-        header = f"kata progress · graded in {grading.seconds:.0f} s (seed {report.get('seed')})"
-    print("\n".join([header, *progress_lines(course, report, args.cached)]))
+        stale = [p.stem for p in lab_files(course.katas) if (course.graders / p.name).is_file()] if args.fresh \
+            else changed_labs(course, report)
+        if not stale:
+            header = (f"kata progress · from the last grading, saved {_saved(report)}: no kata file changed since, "
+                      "nothing graded again (`kata progress --fresh` grades every lab)")
+        else:
+            whole = report is None or args.fresh
+            targets = [course.rel(course.katas)] if whole else [course.rel(course.kata(lab)) for lab in stale]
+            what = f"the {len(stale)} lab(s) in {course.rel(course.katas)}/" if whole else \
+                f"{len(stale)} lab(s) changed since the last grading ({', '.join(stale)})"
+            print(f"grading {what} in one pytest run...", file=sys.stderr, flush=True)
+            grading = grade(course, *targets, "--continue-on-collection-errors")
+            if grading.report is None:
+                raise LearnerError(grading_failed(grading, ", ".join(targets)), 1)
+            report = after_grading(course, report, grading)
+            attempted = set(stale)
+            seed = grading.report.get("seed")
+            header = (f"kata progress · graded in {grading.seconds:.0f} s (seed {seed})" if whole else
+                      f"kata progress · graded {', '.join(stale)} again in {grading.seconds:.0f} s (seed {seed}); "
+                      "the other labs are from the last grading")
+    print("\n".join([header, *progress_lines(course, report, attempted)]))
     return 0
 
 
@@ -174,22 +194,85 @@ def cmd_hint(args) -> int:
         entry = lab_entry(report, lab)
         status = dict(statuses(entry)).get(function) if entry else None
     hints = hints_by_function[function]
-    where = f"{lab} · `{function}`" + (f" ({MARKS.get(status, status)} in the last report)" if status else "")
+    where = f"{lab} · `{function}`" + (f" ({MARKS.get(status, status)} in the last grading)" if status else "")
+    if status == "over budget" and not args.all:
+        # correct, but too costly: what was measured against what is allowed, not a correctness tier
+        text = next((m for m in messages(report, lab, function, ("over budget",)) if m.strip()), "")
+        lines = [where, f"`{function}` is correct; it is over budget. What was measured against what is allowed:",
+                 *(f"  {line}" for line in text.strip().splitlines() if not line.strip().startswith("reproduce:")),
+                 "Make it cheaper without changing its output (no correctness hint is used up by this; "
+                 f"`kata hint {function} --all` shows them anyway)."]
+        print("\n".join(lines))
+        return 0
     if not hints:
         print(f"{where}\nthe grader gives no hints for `{function}`: read the lesson, kata explain {lab[:2]}")
         return 0
-    tier = reveal_next(course, lab, function, len(hints))
+    tier, locked = reveal(course, report, lab, function, len(hints), everything=args.all)
     lines = [where, *(hint_text(i + 1, h) for i, h in enumerate(hints[:tier]))]
-    if tier < len(hints):
-        lines.append(f"(run `kata hint` again for hint {tier + 1} of {len(hints)})")
-    else:
+    if tier >= len(hints):
         lines.append(f"(that is every hint for `{function}`; "
                      f"the traps are in `kata explain {lab[:2]} --section traps`)")
+    elif locked:
+        lines.append(f"(hint {tier + 1} of {len(hints)} comes after your next failed attempt at `{function}`: "
+                     f"save it and grade it — python -m pytest {course.rel(course.kata(lab))} or kata watch {lab[:2]}"
+                     f" — then `kata hint` again; stuck? `kata hint --all` shows every tier)")
+    else:
+        lines.append(f"(run `kata hint` again for hint {tier + 1} of {len(hints)})")
     print("\n".join(lines))
     return 0
 
 
 # ---- reset -----------------------------------------------------------------------------------------------
+def _function_span(tree: ast.Module, lines: list[str], name: str) -> tuple[int, int] | None:
+    """0-based [start, end) lines of the top-level `def name` (decorators included, and the indented or blank
+    lines after its last statement, less trailing blank lines), or None when the file has no such def."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+            end = node.end_lineno
+            while end < len(lines) and (not lines[end].strip() or lines[end][:1] in (" ", "\t")):
+                end += 1
+            while end > start + 1 and not lines[end - 1].strip():
+                end -= 1
+            return start, end
+    return None
+
+
+def _top_level_names(tree: ast.Module) -> list[str]:
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def reset_function(current: str, pristine: str, function: str, rel: str) -> str:
+    """`current` with `def function` as it is in `pristine` (the other functions untouched); a function
+    that is gone comes back where the pristine file has it, before the next function still there."""
+    try:
+        mine = ast.parse(current)
+    except SyntaxError as exc:
+        raise LearnerError(f"cannot reset `{function}` alone: {rel} does not parse (line {exc.lineno}: {exc.msg}). "
+                           f"Fix that line, or reset the whole file: kata reset {Path(rel).stem[:2]}", 1) from None
+    theirs = ast.parse(pristine)
+    p_lines = pristine.splitlines(keepends=True)
+    span = _function_span(theirs, p_lines, function)
+    if span is None:
+        raise LearnerError(f"the pristine {rel} has no function `{function}`; its functions are: "
+                           + ", ".join(_top_level_names(theirs)))
+    block = p_lines[span[0]:span[1]]
+    if block and not block[-1].endswith("\n"):
+        block[-1] += "\n"
+    lines = current.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    here = _function_span(mine, lines, function)
+    if here is not None:
+        return "".join(lines[:here[0]] + block + lines[here[1]:])
+    order = _top_level_names(theirs)
+    for name in order[order.index(function) + 1:]:
+        at = _function_span(mine, lines, name)
+        if at is not None:
+            return "".join(lines[:at[0]] + block + ["\n", "\n"] + lines[at[0]:])
+    return "".join(lines + ["\n", "\n"] + block)
+
+
 def cmd_reset(args) -> int:
     course = open_course(args.root)
     lab = resolve_lab(course, args.lab)
@@ -201,8 +284,18 @@ def cmd_reset(args) -> int:
     except MarkerError as exc:
         raise LearnerError(f"cannot reset {course.rel(kata)}: {exc}", 1) from None
     current = kata.read_text(encoding="utf-8") if kata.is_file() else None
-    if current == pristine:
-        print(f"{course.rel(kata)} is already pristine: nothing to reset.")
+    function = args.function
+    if function is not None:
+        if current is None:
+            raise LearnerError(f"{course.rel(kata)} is missing: restore the whole file with `kata reset {lab[:2]}`", 1)
+        target = reset_function(current, pristine, function, course.rel(kata))
+        what = f"`{function}` in {course.rel(kata)}"
+        done = f"`{function}` is TODO again; your other functions are as they were"
+    else:
+        target = pristine
+        what, done = course.rel(kata), "every function is TODO again"
+    if current == target:
+        print(f"{what} is already pristine: nothing to reset.")
         return 0
     backup = None
     if current is not None:
@@ -216,10 +309,10 @@ def cmd_reset(args) -> int:
         kept = f"Your version is kept in {course.rel(backup)}" if backup else "There is no file there now"
         if not sys.stdin.isatty():
             keep = f" (your version will be kept in {course.rel(course.backups)}/)" if backup else ""
-            raise LearnerError(f"not resetting {course.rel(kata)}: there is no terminal to ask you on. "
+            raise LearnerError(f"not resetting {what}: there is no terminal to ask you on. "
                                f"Pass --yes to reset it{keep}.", 1)
         try:
-            answer = input(f"Reset {course.rel(kata)} ? {kept} [y/N] ")
+            answer = input(f"Reset {what} ? {kept} [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
@@ -229,8 +322,8 @@ def cmd_reset(args) -> int:
         backup.parent.mkdir(parents=True, exist_ok=True)
         backup.write_text(current, encoding="utf-8")
     kata.parent.mkdir(parents=True, exist_ok=True)
-    kata.write_text(pristine, encoding="utf-8")
-    print(f"reset {course.rel(kata)}: every function is TODO again.")
+    kata.write_text(target, encoding="utf-8")
+    print(f"reset {what}: {done}.")
     if backup is not None:
         print(f"your version: {course.rel(backup)}  (compare: diff {course.rel(backup)} {course.rel(kata)})")
     return 0
@@ -311,23 +404,30 @@ def add_commands(commands) -> None:
                        help="the graders' input seed for the whole session (default: a fresh one, shown)")
 
     progress = add("progress", cmd_progress, "every lab: functions solved and the next TODO",
-                   "Grade every lab in one pytest run and print solved/total functions and the next TODO "
-                   "per lab. The report is kept in .kata/last-report.json.")
+                   "Print solved/total functions and the next TODO per lab, from the last grading "
+                   "(.kata/last-grading.json, which every pytest run of katas/ updates), grading again, in one "
+                   "pytest run, only the labs whose kata file changed since.")
     progress.add_argument("--cached", action="store_true",
-                          help="print the last report (.kata/last-report.json) without grading")
+                          help="print the last grading without grading anything (changed labs are marked)")
+    progress.add_argument("--fresh", action="store_true", help="grade every lab again")
 
-    hint = add("hint", cmd_hint, "one more hint tier for the function you are on",
-               "Show the next hint tier (nudge, the math, near code) of the current TODO (the first "
-               "function not passing in the last report) or of FUNCTION; tiers revealed are remembered "
-               "in .kata/hints.json.")
+    hint = add("hint", cmd_hint, "the hint tiers you have earned for the function you are on",
+               "Show the hint tiers (nudge, the math, near code) of the current TODO (the first function not "
+               "passing in the lab graded last, as .kata/last-grading.json records it) or of FUNCTION. Tier 1 "
+               "is free; each further tier comes after a failed grading of the function since the tier before "
+               "was shown (an OVER BUDGET grading is correct: it uses up no tier, and the hint shows the cost). "
+               "What was shown is remembered in .kata/hints.json.")
     hint.add_argument("function", nargs="?", metavar="FUNCTION", help="a kata function (default: the current TODO)")
     hint.add_argument("--lab", metavar="LAB", help="the lab of FUNCTION, by number or name")
+    hint.add_argument("--all", action="store_true", help="show every tier now (for when you are stuck)")
 
-    reset = add("reset", cmd_reset, "restore a kata file to its TODOs (your version is backed up)",
-                "Restore katas/LAB.py to its pristine form (derived from solutions/LAB.py, or kept in pristine/ "
-                "in a learner's copy); your version is "
-                "kept in .kata/backups/ first. Asks before it overwrites.")
+    reset = add("reset", cmd_reset, "restore a kata file, or one function of it, to its TODOs (backed up)",
+                "Restore katas/LAB.py, or only FUNCTION in it, to its pristine form (derived from solutions/LAB.py, "
+                "or kept in pristine/ in a learner's copy); the other functions stay as they are. The whole file "
+                "as it was is kept in .kata/backups/ first. Asks before it overwrites.")
     reset.add_argument("lab", metavar="LAB", help="lab number or name, e.g. 01 or 01_forward_noise")
+    reset.add_argument("function", nargs="?", metavar="FUNCTION",
+                       help="restore only this function (default: the whole file)")
     reset.add_argument("--yes", "-y", action="store_true", help="do not ask (needed without a terminal)")
 
     lesson = add("explain", cmd_explain, "read a lab's lesson in the terminal",

@@ -1,4 +1,5 @@
-"""Hint tiers: read from the graders, and which ones the learner has seen (.kata/hints.json, pytest's cache)."""
+"""Hint tiers: read from the graders, which ones the learner has seen and earned (.kata/hints.json, the failed
+gradings counted in .kata/last-grading.json, pytest's cache)."""
 from __future__ import annotations
 
 import ast
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from diffusion_katas.commands.running import first_unsolved, lab_entry, next_todo, read_json, write_json
 from diffusion_katas.commands.learner.workspace import LearnerError
+from diffusion_katas.core import record
 from diffusion_katas.core.course import Course
 
 TIER_NAMES = ("nudge", "the math", "near code")
@@ -85,36 +87,67 @@ def hints_or_empty(course: Course, lab: str) -> dict:
         return {}
 
 
-# ---- what the learner has seen ---------------------------------------------------------------------------
-def _tier_counts(path: Path) -> dict[str, int]:
-    """{"lab::function": count} from a JSON file; {} when it is missing or not such a map."""
-    data = read_json(path)
-    return {k: int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
-
-
-def load_revealed(course: Course) -> dict[str, int]:
-    return _tier_counts(course.hints_path)
+# ---- what the learner has seen, and what they have earned -------------------------------------------------
+# .kata/hints.json: {"lab::function": {"shown": tiers shown, "failures": failed gradings of the function
+# (core/record.py) when the last of them was shown}}. A tier is earned by a failed attempt at the one
+# before: tier 1 is free, tier n+1 needs one more failed grading of the function than when tier n was
+# shown (tier 3: two failed gradings after tier 1). A grading that is only over budget is correct: it
+# earns no correctness tier.
+def load_revealed(course: Course) -> dict[str, dict]:
+    data = read_json(course.hints_path)
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, int):  # the earlier format: tiers shown
+            out[key] = {"shown": value, "failures": None}
+        elif isinstance(value, dict) and isinstance(value.get("shown"), int):
+            failures = value.get("failures")
+            out[key] = {"shown": value["shown"], "failures": failures if isinstance(failures, int) else None}
+    return out
 
 
 def failures_cache(course: Course) -> dict[str, int]:
-    """Consecutive failures per "lab::function" from pytest's cache (the plugin's progressive hints)."""
-    return _tier_counts(course.root / ".pytest_cache" / "v" / "katas" / "failures")
+    """Consecutive failures per "lab::function" from pytest's cache: pytest itself shows one more tier with
+    each failure of the same function (--kata-hints), so those tiers have been seen and earned."""
+    data = read_json(course.root / ".pytest_cache" / "v" / "katas" / "failures")
+    return {k: int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
 
 
 def tiers_seen(course: Course, lab: str, function: str, available: int) -> int:
     """Tiers the learner has already seen: through `kata hint`, or with pytest's repeated failures."""
     key = f"{lab}::{function}"
-    return min(available, max(load_revealed(course).get(key, 0), failures_cache(course).get(key, 0)))
+    shown = load_revealed(course).get(key, {}).get("shown", 0)
+    return min(available, max(shown, failures_cache(course).get(key, 0)))
 
 
-def reveal_next(course: Course, lab: str, function: str, available: int) -> int:
-    """One more tier than the learner has seen (at most `available`), remembered in .kata/hints.json."""
+def reveal(course: Course, report: dict | None, lab: str, function: str, available: int,
+           everything: bool = False) -> tuple[int, bool]:
+    """(tiers to show, whether the next tier is still locked), remembered in .kata/hints.json: one more tier
+    than before if a failed grading of the function came since the last was shown (every tier with
+    `everything`, `kata hint --all`)."""
     key = f"{lab}::{function}"
-    tier = min(available, tiers_seen(course, lab, function, available) + 1)
     revealed = load_revealed(course)
-    revealed[key] = max(revealed.get(key, 0), tier)
+    mine = revealed.get(key, {"shown": 0, "failures": None})
+    failed = record.failed_gradings(report, lab, function)
+    shown = min(available, mine["shown"])
+    at = mine["failures"]
+    cached = min(available, failures_cache(course).get(key, 0))
+    if cached > shown or at is None:  # pytest showed these with its failures, or an old hints.json: earned now
+        shown, at = max(shown, cached), failed
+    if everything:
+        tier = available
+    elif shown == 0:
+        tier = 1
+    elif failed > at and shown < available:
+        tier = shown + 1
+    else:
+        tier = shown
+    if tier > shown:
+        at = failed
+    revealed[key] = {"shown": max(tier, shown), "failures": at}
     write_json(course.hints_path, revealed)
-    return tier
+    return tier, tier < available and not failed > at
 
 
 def hint_text(number: int, hint: str) -> str:
@@ -159,7 +192,8 @@ def hint_target(course: Course, report: dict | None, lab: str | None,
                                    f"name one to see its hints: kata hint FUNCTION --lab {lab[:2]}", 1)
             function, status = found
         else:
-            found = next_todo(report)
+            # the lab graded last (`pytest katas/11_memory.py` is where the learner is), then any lab
+            found = next_todo(report, (report.get("last_run") or {}).get("labs") or None) or next_todo(report)
             if found is None:
                 raise LearnerError("every graded function passes in the last report; name one to see its "
                                    "hints: kata hint FUNCTION --lab LAB", 1)

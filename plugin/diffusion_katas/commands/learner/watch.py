@@ -94,9 +94,11 @@ def verdict_lines(course: Course, lab: str, grading: Grading) -> list[str]:
     function, status = found
     lines.append(f"next: {VERBS.get(status, 'fix')} `{function}` in {kata}")
     try:
-        hints = grader_hints(course, lab).get(function, ())
+        hints = grader_hints(course, lab).get(function, ()) if status != "over budget" else ()
     except LearnerError:
         hints = ()
+    if status == "over budget":
+        lines.append("  it is correct: make it cheaper (what was measured against what is allowed is below)")
     if hints:
         tier = max(1, tiers_seen(course, lab, function, len(hints)))
         lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))

@@ -1,0 +1,85 @@
+"""Every budget rejects a twin: an implementation with the right values and the wrong cost.
+
+A budget that a correct-valued, wrong-cost implementation passes measures nothing. Each non-GPU budget of
+every grader has a twin here (GPU budgets run only on a learner's GPU and are exercised there); the test
+grades it through the real grader and expects the budget named in the verdict. A twin may also be
+stopped by a check that counts the same cost (two denoiser calls for CFG fail the call-count check).
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+ELEVEN = importlib.import_module("test_11_memory")
+
+# (lab, function, budget name, the twin's body, what the verdict must say)
+TWINS = [
+    ("04_classifier_free_guidance", "guided_noise", "one batched denoiser call per step", """
+        noise_uncond = text_noise(unet, latents, timestep, negative_prompt_embeds)
+        noise_text = text_noise(unet, latents, timestep, prompt_embeds)
+        guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+        if guidance_rescale > 0:
+            guided = rescale_guidance(guided, noise_text, guidance_rescale)
+        return guided
+     """, "made 2 calls to the denoiser"),
+    ("09_lora", "lora_forward", "FLOPs: the rank-r path, never ΔW",  # the merged-weight forward
+     "return F.linear(x, weight + (lora_B @ lora_A) * scaling, bias)",
+     "OVER FLOPs of one unmerged forward"),
+    ("09_lora", "merge_lora", "FLOPs: one low-rank product",  # ΔW through a needless identity product
+     """
+     eye = torch.eye(lora_A.shape[-1], dtype=lora_A.dtype)
+     return weight + lora_delta(lora_A @ eye, lora_B, scaling, fan_in_fan_out).to(weight.dtype)
+     """, "OVER FLOPs of merging one"),
+    ("11_memory", "tiled_decode", "peak bytes flat as the image grows", ELEVEN.DIFFUSERS_STYLE_TILED_DECODE,
+     "OVER working set (peak minus the output)"),
+    ("11_memory", "tiled_decode", "FLOPs of one pass over the tiles", None, "OVER FLOPs"),
+    ("11_memory", "sliced_decode", "peak bytes of one sample at a time",
+     "return vae.decoder(vae.post_quant_conv(latents))", "OVER peak live bytes, batch of 4"),
+    ("11_memory", "chunked_attention", "peak bytes under the naive score matrix", """
+        s = query.shape[-1] ** -0.5 if scale is None else scale
+        scores = query @ key.transpose(-2, -1) * s
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        return scores.softmax(-1) @ value
+     """, "OVER peak"),
+]
+
+
+def twice(lab: str, function: str) -> str:
+    """The solution's own block run twice (the answer computed, thrown away, computed again): right values,
+    twice the work."""
+    import re
+    import textwrap
+
+    lines = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(rf"\s*def {function}\(", line))
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    block = textwrap.dedent("\n".join(lines[begin + 1:end]))
+    return "def _once():\n" + textwrap.indent(block, "    ") + "\n_once()\nreturn _once()\n"
+
+
+def test_every_budget_off_the_gpu_has_a_twin():
+    from diffusion_katas.core.course import Course
+
+    course = Course(REPO)
+    declared = {(lab, b.kata.name, b.name) for lab in course.graded_labs() for kata in course.graders_of(lab)
+                for b in kata.budgets if not any(getattr(m, "name", "") == "cuda" for m in b.marks)}
+    covered = {(lab, function, name) for lab, function, name, _, _ in TWINS}
+    assert declared <= covered, f"budgets without a twin: {sorted(declared - covered)}"
+    assert covered <= declared, f"twins of budgets that do not exist: {sorted(covered - declared)}"
+
+
+@pytest.mark.parametrize("lab, function, budget, body, says", TWINS,
+                         ids=[f"{t[0][:2]}-{t[1]}-{t[2]}" for t in TWINS])
+def test_a_correct_valued_twin_with_the_wrong_cost_is_rejected(grade_mutant, lab, function, budget, body, says):
+    graded = grade_mutant(lab, function, body if body is not None else twice(lab, function))
+    assert graded.status in ("over budget", "failed"), graded
+    if graded.status == "over budget":
+        assert f"budget '{budget}'" in graded.text, graded.text
+    else:  # stopped by a check that counts the same cost: the values themselves must have been right
+        assert "worst element" not in graded.text, graded.text
+    assert says in graded.text, graded.text
