@@ -9,6 +9,13 @@ reported at the step that is wrong (the last step, say) instead of surfacing lat
 inputs are still consistent with t: x_t = √ᾱ_t·x_0 + √(1−ᾱ_t)·ε with x_0 ~ N(0, 1), and the model
 output is the true target (ε, v or x_0) plus 0.1·N(0, 1), an imperfect model. So x̂_0 leaves [−1, 1]
 about as often as in a real run and clipping is exercised at every noise level.
+
+Precision: every scenario also carries the float64 shadow of diffusers' answer (Scenario.exact):
+diffusers' own step run by a float64 twin of the scheduler (helpers.float64_twin) on the same inputs,
+widened, with the same noise draw z. An answer at most 2× as far from it as diffusers' own (+ 2 ulps)
+passes: float64 or Python-float coefficients, float16 computed in float32 and cast. That matters where
+diffusers' rounding is large: β_t = 1 − ᾱ_t/ᾱ_prev in float32 at T=25, t=1 → 0 (2.8e-5 relative), and
+float16 x̂_0 at t=999, where dividing by √ᾱ_t ≈ 0.068 multiplies float16 rounding by 14.6.
 """
 import torch
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
@@ -19,7 +26,7 @@ from diffusion_katas.engine.comparison import matches
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import HALF_STEP, STEP_MATH, Tol, for_dtype
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, sd_schedule, seed_from
+from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, float64_twin, sd_schedule, seed_from
 
 SCHEDULES = {
     "sd": SD_BETAS,  # Stable Diffusion
@@ -146,6 +153,7 @@ X0_CASES = [
 def _(case, g):
     s = scheduler(DDIMScheduler, case, clip_sample=False)
     s.set_timesteps(10)  # step() needs it; pred_original_sample does not depend on the stride
+    s64 = float64_twin(s)
     T = s.config.num_train_timesteps
     # the edges T−1 and 0 and two random timesteps, noisiest first as a sampler visits them
     ts = sorted([0, T - 1] + torch.randint(1, T - 1, (2,), generator=g).tolist(), reverse=True)
@@ -154,10 +162,11 @@ def _(case, g):
         model_output, x_t = step_inputs(s, t, case, g)
         a = s.alphas_cumprod[t].clone()
         expected = s.step(model_output.clone(), t, x_t.clone()).pred_original_sample
+        exact = s64.step(model_output.double(), t, x_t.double()).pred_original_sample
         scenarios.append(Scenario(
             inputs=dict(model_output=model_output, sample=x_t, alpha_prod_t=a,
                         prediction_type=case["prediction_type"]),
-            expected=expected, label=f"t={t} (ᾱ_t = {float(a):.4g})"))
+            expected=expected, exact=exact, label=f"t={t} (ᾱ_t = {float(a):.4g})"))
     return scenarios
 
 
@@ -253,6 +262,7 @@ def ddim_scenarios(case, g, tol):
                   timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0))
     n, eta = case["n"], case["eta"]
     s.set_timesteps(n)
+    s64 = float64_twin(s)
     stride = s.config.num_train_timesteps // n
     scenarios = []
     for t in s.timesteps.tolist():  # every step of the schedule
@@ -263,11 +273,14 @@ def ddim_scenarios(case, g, tol):
         std = eta * float(s._get_variance(t, t - stride)) ** 0.5
         z = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed),
                          dtype=model_output.dtype) if eta > 0 else None
+        # the shadow: the same step in float64, with the same draw z widened
+        exact = s64.step(model_output.double(), t, x_t.double(), eta=eta,
+                         variance_noise=None if z is None else z.double()).prev_sample
         inputs = dict(model_output=model_output, timestep=t, sample=x_t,
                       alphas_cumprod=s.alphas_cumprod.clone(), num_inference_steps=n, eta=eta,
                       generator=torch.Generator().manual_seed(seed),
                       prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
-        scenarios.append(Scenario(inputs=inputs, expected=expected, label=arrow(t, t - stride),
+        scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, t - stride),
                                   verify=step_verify(ddim_step, inputs, expected, tol, std, z, ref.pred_original_sample)))
     return scenarios
 
@@ -408,11 +421,26 @@ DDPM_HALF_CASES = [
 ]
 
 
+def ddpm_shadow(s64, model_output, t: int, x_t, seed: int, z):
+    """DDPMScheduler.step on a float64 twin, with the reference's draw z in place of its own.
+
+    DDPMScheduler.step takes no variance_noise and would draw float64 noise (other values): take its
+    own draw back out (the same generator seed, float64) and put z, widened, in."""
+    out = s64.step(model_output.double(), t, x_t.double(),
+                   generator=torch.Generator().manual_seed(seed)).prev_sample
+    if t > 0:
+        std = s64._get_variance(t) ** 0.5
+        own = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        out = out - std * own + std * z.double()
+    return out
+
+
 def ddpm_scenarios(case, g, tol):
     g = torch.Generator().manual_seed(seed_from(g))  # see 'Inputs and the global RNG'
     s = scheduler(DDPMScheduler, case, clip_sample=case["clip_sample"],
                   timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0))
     s.set_timesteps(case["n"])
+    s64 = float64_twin(s)
     ts = s.timesteps.tolist()
     scenarios = []
     for i, t in enumerate(ts):  # every step of the schedule
@@ -423,11 +451,12 @@ def ddpm_scenarios(case, g, tol):
         expected = ref.prev_sample
         std = float(s._get_variance(t)) ** 0.5 if t > 0 else 0.0
         z = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed), dtype=model_output.dtype)
+        exact = ddpm_shadow(s64, model_output, t, x_t, seed, z)
         inputs = dict(model_output=model_output, timestep=t, sample=x_t,
                       alphas_cumprod=s.alphas_cumprod.clone(), prev_timestep=prev,
                       generator=torch.Generator().manual_seed(seed),
                       prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
-        scenarios.append(Scenario(inputs=inputs, expected=expected, label=arrow(t, prev),
+        scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, prev),
                                   verify=step_verify(ddpm_step, inputs, expected, tol, std, z, ref.pred_original_sample)))
     return scenarios
 

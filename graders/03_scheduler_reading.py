@@ -7,6 +7,12 @@ off an exact .5 for some n, and diffusers then rounds the other way than exact m
 torch.linspace): T=1000 "linspace" n ∈ {27, 31, 47, …}, "trailing" n ∈ {48, 96, …}; "trailing" n=61
 even yields 62 timesteps ending in −1. tests/labs/test_03_scheduler_reading.py checks every graded
 count against exact rational arithmetic, so any exact formula passes.
+
+Precision: every float check also carries the float64 shadow of diffusers' answer (Scenario.exact: the
+same math on the same inputs in float64; Euler's step upcasts to float32 inside, so its shadow is the
+formula written in float64). An answer at most 2× as far from it as diffusers' own (+ 2 ulps) passes,
+so an Euler step computed in float64 is right even at σ = 4096 (zero terminal SNR), where diffusers'
+float32 step is 1.1e-3 from exact math.
 """
 import torch
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
@@ -181,7 +187,10 @@ def _(case, g):
                                timestep_spacing=case["timestep_spacing"], steps_offset=case["steps_offset"])
     with quiet_diffusers():
         s.set_timesteps(case["num_inference_steps"])
-    return Scenario(inputs=dict(case), expected=s.timesteps.clone())
+    T, n = case.get("num_train_timesteps", 1000), case["num_inference_steps"]
+    exact = (torch.linspace(0, T - 1, n, dtype=torch.float64).flip(0) if case["timestep_spacing"] == "linspace"
+             else s.timesteps.double())  # leading/trailing: integers, exact in float32 too
+    return Scenario(inputs=dict(case), expected=s.timesteps.clone(), exact=exact)
 
 
 @euler_timesteps.trap("DDIM's int64 timesteps reused as they are",
@@ -232,8 +241,10 @@ SIGMA_CASES = [
 @euler_sigmas.check("vs EulerDiscreteScheduler.sigmas", cases=SIGMA_CASES, tol=SIGMA)
 def _(case, g):
     s = euler(**case)
+    # the shadow: the σ table in float64 from the same ᾱ, read at the same (float32) timesteps
+    exact = torch.cat([_interp(_table(s.alphas_cumprod.double()), s.timesteps), torch.zeros(1, dtype=torch.float64)])
     return Scenario(inputs=dict(alphas_cumprod=s.alphas_cumprod.clone(), timesteps=s.timesteps.clone()),
-                    expected=s.sigmas.clone(), label=f"timesteps {_short(s.timesteps)}")
+                    expected=s.sigmas.clone(), exact=exact, label=f"timesteps {_short(s.timesteps)}")
 
 
 def _table(alphas_cumprod):
@@ -315,8 +326,10 @@ init_noise_sigma = Kata(
 ])
 def _(case, g):
     s = euler(**case)
+    sigma_max = float(s.sigmas.max())
+    exact = sigma_max if case["spacing"] in ("linspace", "trailing") else (sigma_max**2 + 1) ** 0.5
     return Scenario(inputs=dict(sigmas=s.sigmas.clone(), timestep_spacing=case["spacing"]),
-                    expected=float(s.init_noise_sigma), label=f"σ_max = {float(s.sigmas.max()):.6g}")
+                    expected=float(s.init_noise_sigma), exact=exact, label=f"σ_max = {sigma_max:.6g}")
 
 
 @init_noise_sigma.trap("σ_max for every spacing",
@@ -366,7 +379,8 @@ def _(case, g):
         expected = s.scale_model_input(x.clone(), t)
         # A pipeline calls step after scale_model_input; step advances the scheduler to the next σ.
         s.step(torch.zeros_like(x), t, x.clone())
-        scenarios.append(Scenario(inputs=dict(sample=x, sigma=sigma.clone()), expected=expected,
+        exact = x.double() / (sigma.double() ** 2 + 1) ** 0.5
+        scenarios.append(Scenario(inputs=dict(sample=x, sigma=sigma.clone()), expected=expected, exact=exact,
                                   label=f"step {i + 1}/{len(s.timesteps)}, t={float(t):g}, σ={float(sigma):.6g}"))
     return scenarios
 
@@ -421,6 +435,17 @@ STEP_CASES = {
 }
 
 
+def euler_exact(model_output, sample, sigma, sigma_next, prediction_type):
+    """EulerDiscreteScheduler.step's formula in float64 on the same inputs: its float64 shadow (diffusers
+    upcasts to float32 inside step, so its own code cannot run wider)."""
+    x, out, sigma, sigma_next = sample.double(), model_output.double(), sigma.double(), sigma_next.double()
+    if prediction_type == "v_prediction":
+        x0 = out * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+    else:
+        x0 = x - sigma * out
+    return x + (x - x0) / sigma * (sigma_next - sigma)
+
+
 def step_scenarios(case: dict, g, prediction_type: str) -> list[Scenario]:
     """A whole sampling run with random model outputs: one scenario per timestep, in order."""
     case = dict(case)
@@ -436,7 +461,7 @@ def step_scenarios(case: dict, g, prediction_type: str) -> list[Scenario]:
         scenarios.append(Scenario(
             inputs=dict(model_output=out, sample=x, sigma=sigma, sigma_next=sigma_next,
                         prediction_type=prediction_type),
-            expected=expected,
+            expected=expected, exact=euler_exact(out, x, sigma, sigma_next, prediction_type),
             label=f"step {i + 1}/{len(s.timesteps)}, t={float(t):g}, σ={float(sigma):.6g} → {float(sigma_next):.6g}"))
         x = expected
     return scenarios

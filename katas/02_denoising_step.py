@@ -36,6 +36,15 @@ Traps:
       randn(model_output.shape, generator=..., dtype=model_output.dtype); none at DDPM's t = 0;
       DDIM draws one whenever η > 0, even at the last step where σ = 0.
 
+Precision:
+    The course's one policy (lab 01 states it): "dtype of model_output" is the dtype of the answer;
+    computing wider and casting once is right, and is graded against exact float64 math. Two places
+    where it beats diffusers here: float16 x̂_0 at t = 999, where diffusers' float16 rounding is
+    multiplied by 1/√ᾱ_t ≈ 14.6 (upcasting to float32 and casting back is more accurate); and DDPM's
+    β_t = 1 − ᾱ_t/ᾱ_prev, which float32 resolves to only ~3e-5 of its value when ᾱ_t ≈ ᾱ_prev
+    (T = 25, t = 1 → 0), where float64 or Python-float coefficients (.item(), math.sqrt) are exact.
+    Writing it in the input's dtype, as diffusers does, passes too.
+
 Say it out loud:
     "The UNet predicts the noise in x_t (or v, or x_0, per the scheduler config), not the next
     image. The scheduler converts that into an estimate of the clean sample, clips it, and moves to

@@ -43,6 +43,13 @@ Traps:
     - The model's output means what `prediction_type` says: treating a v-prediction as ε gives a
       wrong x̂_0 at every step.
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
+    wide as you like; the graders measure your error against exact float64 math and accept anything
+    about as close to it as diffusers' own answer. Euler's step must not run narrower than float32
+    (float16 cannot resolve x − x̂_0 at large σ: that is a trap), but float64 is fine: at σ = 4096
+    (zero terminal SNR, v-prediction) it is closer to exact math than diffusers' float32 step.
+
 Say it out loud:
     "set_timesteps turns the training range 0 … T−1 into n descending timesteps according to the
     spacing config; Euler reads a σ for each from √((1 − ᾱ)/ᾱ), ending at 0. The latent starts at

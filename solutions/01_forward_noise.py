@@ -16,10 +16,23 @@ Traps:
     - ᾱ_t used where √ᾱ_t belongs: x_t = ᾱ·x_0 + (1 − ᾱ)·ε does not keep the variance at 1.
     - "scaled_linear" is a linspace over √β, squared; it is not a linspace over β.
     - Per-sample timesteps: ᾱ[t] has shape (B,) and must broadcast over (B, C, H, W).
-    - float16 samples: diffusers casts ᾱ to the sample's dtype *before* taking square roots;
-      computing in float32 and casting at the end lands up to 3e-2 away.
+    - float16 samples in add_noise and velocity: diffusers casts ᾱ to the sample's dtype *before*
+      taking square roots; computing in float32 and casting at the end lands up to 3e-2 away. This is
+      the one place the course grades where the cast goes (see Precision).
     - Zero terminal SNR makes ᾱ_{T−1} exactly 0, so ε-prediction at the last step divides by zero;
       that is why it is paired with v-prediction.
+
+Precision:
+    One policy for the whole course. "Returns: … dtype of x0" names the dtype of the answer, not of
+    every operation: computing wider (Python floats or float64 for a schedule, float32 for float16
+    tensors) and casting once at the end is right. The graders measure your error against exact
+    float64 math and accept any answer about as close to it as diffusers' own, a more accurate one
+    included (a float64 rescale_zero_terminal_snr is closer to exact math than diffusers' float32 one,
+    whose cancellation near the tail costs it 7e-6). Never compute *narrower* than diffusers (float16
+    where it upcasts). The one place that grades where the cast goes is this lab's add_noise and
+    velocity on float16 samples: diffusers casts ᾱ to float16 before the square roots, and the noisy
+    sample a pipeline trains on carries that rounding; a trap names the float32-then-cast answer as
+    more accurate than diffusers, not as a wrong formula.
 
 Say it out loud:
     "The schedule gives ᾱ_t; a noisy sample is √ᾱ_t of the clean one plus √(1 − ᾱ_t) of fresh noise,

@@ -149,6 +149,50 @@ MUTANTS = [
 ]
 
 
+# Right answers written another way: each must pass (see test_mutants.py).
+ALTERNATIVES = [
+    ("ddpm_step",
+     """
+     import math
+     a = alphas_cumprod[timestep].item()
+     ap = alphas_cumprod[prev_timestep].item() if prev_timestep >= 0 else 1.0
+     at = a / ap
+     bt = 1 - at
+     x0 = predict_x0(model_output, sample, alphas_cumprod[timestep], prediction_type)
+     if clip_sample:
+         x0 = x0.clamp(-1, 1)
+     out = math.sqrt(ap) * bt / (1 - a) * x0 + math.sqrt(at) * (1 - ap) / (1 - a) * sample
+     if timestep > 0:
+         std = math.sqrt(max((1 - ap) / (1 - a) * bt, 1e-20))
+         out = out + std * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+     return out
+     """,
+     "Python-float coefficients (.item(), math.sqrt): at T=25, t=1 → 0 diffusers' float32 β_t = 1 − ᾱ_t/ᾱ_prev "
+     "is 2.8e-5 off, this one 1.4e-7 from exact (|diff| 2.6e-5 vs diffusers, outside the old 2.0e-5)"),
+    ("ddpm_step",
+     DDPM_HEAD.replace("a = alphas_cumprod[timestep]", "a = alphas_cumprod.double()[timestep]")
+     .replace("ap = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)",
+              "ap = alphas_cumprod.double()[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0, dtype=torch.float64)")
+     .replace("predict_x0(model_output, sample, a, prediction_type)",
+              "predict_x0(model_output, sample, alphas_cumprod[timestep], prediction_type)")
+     + DDPM_MEAN + DDPM_NOISE,
+     "float64 coefficients (0-dim float64 tensors keep a float32 sample float32)"),
+    ("predict_x0",
+     """
+     x, m, a = sample.float(), model_output.float(), alpha_prod_t.float()
+     if prediction_type == "epsilon":
+         out = (x - (1 - a) ** 0.5 * m) / a ** 0.5
+     elif prediction_type == "v_prediction":
+         out = a ** 0.5 * x - (1 - a) ** 0.5 * m
+     else:
+         out = m
+     return out.to(model_output.dtype)
+     """,
+     "float16 upcast to float32 and cast back: at t=999 diffusers' float16 rounding is multiplied by "
+     "1/√ᾱ ≈ 14.6 (|diff| 0.017-0.020 vs diffusers, outside the old 0.0021)"),
+]
+
+
 @pytest.mark.parametrize("function, body", [
     ("ddim_step", DDIM_HEAD + DDIM_TAIL.replace("generator=generator, ", "")),
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("generator=generator, ", "")),

@@ -139,6 +139,23 @@ MUTANTS = [
 ]
 
 
+# Right answers written another way: each must pass (see test_mutants.py).
+ALTERNATIVES = [
+    ("euler_step",
+     step_body(upcast="sample.double()",
+               x0_eps="x - sigma.double() * model_output.double()",
+               x0_v="model_output.double() * (-sigma.double() / (sigma.double()**2 + 1) ** 0.5) "
+                    "+ x / (sigma.double()**2 + 1)",
+               result="x + (x - x0) / sigma.double() * (sigma_next.double() - sigma.double())"),
+     "the step in float64: with zero terminal SNR at σ = 4096 (v-prediction) diffusers' float32 step is "
+     "1.1e-3 from exact math (|diff| 1.3e-3 vs diffusers, outside the old 2.0e-4)"),
+    ("euler_sigmas", sigmas_body(table="((1 - alphas_cumprod.double()) / alphas_cumprod.double()) ** 0.5"),
+     "the σ table in float64 instead of float32"),
+    ("euler_scale_model_input", "return (sample.double() / (sigma.double() ** 2 + 1) ** 0.5).to(sample.dtype)",
+     "float64 then cast"),
+]
+
+
 def test_the_same_euler_step_written_as_x0_plus_sigma_next_eps_passes(grade_mutant):
     # x + (σ_next − σ)·(x − x̂_0)/σ = x̂_0 + σ_next·ε for ε-prediction: the same step, other float ops.
     graded = grade_mutant(LAB, "euler_step", """

@@ -5,6 +5,10 @@ the message must name (a string), or `Fails(reason, text)` for a mistake no trap
 code the grader must give (results.Reason values: "wrong", "crash", ...) and text its message must hold.
 A mutant that dies of its own typo then fails this test instead of counting as caught. A lab whose
 mutants need only some of its items graded declares `mutant_args(function)`: extra pytest arguments.
+
+A lab may also declare ALTERNATIVES: (function, right body written another way, why it is right). Each
+must pass: a correct answer the grader fails (say, one closer to exact math than diffusers) is as much
+a grading bug as a wrong one it passes.
 """
 from __future__ import annotations
 
@@ -31,6 +35,17 @@ def table():
     return rows
 
 
+def alternatives():
+    rows = []
+    for name in LAB_TESTS:
+        module = importlib.import_module(name)
+        extra = getattr(module, "mutant_args", lambda function: ())
+        for i, (function, body, why) in enumerate(getattr(module, "ALTERNATIVES", [])):
+            rows.append(pytest.param(module.LAB, function, body, why, tuple(extra(function)),
+                                     id=f"{module.LAB[:2]}-{function}-alt{i}"))
+    return rows
+
+
 @pytest.mark.parametrize("lab, function, body, expect, extra", table())
 def test_a_wrong_implementation_fails_as_its_table_declares(grade_mutant, lab, function, body, expect, extra):
     graded = grade_mutant(lab, function, body, *extra)
@@ -46,3 +61,9 @@ def test_a_wrong_implementation_fails_as_its_table_declares(grade_mutant, lab, f
 def test_every_lab_declares_its_mutants():
     assert len(LAB_TESTS) >= 12
     assert all(getattr(importlib.import_module(name), "MUTANTS", None) for name in LAB_TESTS)
+
+
+@pytest.mark.parametrize("lab, function, body, why, extra", alternatives())
+def test_a_right_implementation_written_another_way_passes(grade_mutant, lab, function, body, why, extra):
+    graded = grade_mutant(lab, function, body, *extra)
+    assert graded.status == "passed", f"{why}\n{graded}"

@@ -1,4 +1,5 @@
-"""A lab's lesson, read from its module docstring: concept, mental model, traps, how to say it out loud.
+"""A lab's lesson, read from its module docstring: concept, mental model, traps, precision (the
+course's precision policy, where a lab states it), how to say it out loud.
 
 The text comes from the lab file (solutions/ is the source; katas/ carries the same text), so the
 terminal and the file never disagree. Reading it imports nothing heavy.
@@ -10,7 +11,7 @@ import re
 import textwrap
 from pathlib import Path
 
-SECTIONS = ("Concept", "Mental model", "Traps", "Say it out loud", "Graded against", "Run")
+SECTIONS = ("Concept", "Mental model", "Traps", "Precision", "Say it out loud", "Graded against", "Run")
 
 
 def lesson(path: Path) -> tuple[str, dict[str, str]]:

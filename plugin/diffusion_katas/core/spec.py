@@ -45,6 +45,11 @@ class Scenario:
     inputs: dict[str, Any]
     expected: Any
     label: str = ""
+    # The float64 shadow of `expected`: the same math on the same inputs in float64 (diffusers' own code
+    # on float64 tensors where it runs so). When given, a value also passes when it is no further from
+    # exact math than diffusers' own rounding allows (tolerances.REFERENCE_ERROR): a more accurate
+    # answer than diffusers is never wrong. None: only the check's tolerance against diffusers applies.
+    exact: Any = None
     # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
     verify: Callable[[Any], None] | None = None
     # Called with (learner output, a folder for artefacts) when the values differ; returns extra

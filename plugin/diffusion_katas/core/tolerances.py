@@ -23,8 +23,9 @@ EXACT = Tol(0.0, 0.0, "the same float32 operations in the same order as diffuser
 
 SCHEDULE = Tol(
     1e-6, 1e-6,
-    "a schedule built with other but equivalent float ops (float64 then cast, tensor vs Python math) "
-    "lands within a few float32 ulps (measured ≤ 2.4e-7)",
+    "a schedule built with other but equivalent float32 ops (tensor vs Python math, another order) lands "
+    "within a few float32 ulps of diffusers'; one computed in float64 and cast is judged against exact "
+    "math instead (rescale_zero_terminal_snr's float32 cancellation leaves diffusers 7.1e-6 from it)",
 )
 
 STEP_MATH = Tol(
@@ -35,14 +36,15 @@ STEP_MATH = Tol(
 
 HALF = Tol(
     2e-3, 2e-3,
-    "float16 holds ~3 decimal digits: re-ordering float16 ops moves results by a few ulps (~1e-3), "
-    "while computing in float32 and casting at the end is off by up to 3e-2",
+    "float16 holds ~3 decimal digits: re-ordering float16 ops moves results by a few ulps (~1e-3) from "
+    "diffusers; computing in float32 and casting at the end can land up to 3e-2 from diffusers' float16 "
+    "rounding, and is judged against exact math wherever the check has a float64 shadow",
 )
 
 SIGMA = Tol(
     1e-5, 1e-5,
-    "Euler sigmas go up to ~157 at t=999: the same interpolation in float64 vs float32 differs "
-    "by a few float32 ulps relative to that size",
+    "Euler sigmas reach ~14.6 at t=999 (4096 with zero terminal SNR): the same interpolation in float64 "
+    "vs float32 differs by a few float32 ulps relative to that size",
 )
 
 MODEL_FORWARD = Tol(
@@ -56,6 +58,34 @@ TILE_BLEND = Tol(
     1e-5, 1e-5,
     "each tile goes through the same decoder, so only the blend can differ: weights built as a float32 "
     "tensor instead of Python floats move a seam pixel by an ulp; skipping or mis-ordering a blend is off by 0.1-2",
+)
+
+
+@dataclass(frozen=True)
+class ShadowRule:
+    """How far from exact math an answer may be, measured by how far diffusers' own answer is.
+
+    Where a check also knows the float64 shadow of the reference (Scenario.exact: the same math on the
+    same inputs in float64), an element passes when |yours − exact| ≤ factor·|diffusers − exact| + ulps
+    ulps of the output dtype at |exact|, whatever its distance from diffusers. The check's own Tol still
+    applies as a floor: an element within it of diffusers passes too. So an answer more accurate than
+    diffusers (float64 coefficients, wider then cast) is never marked wrong, and a wrong formula, whose
+    error is far larger than diffusers' rounding, still is.
+    """
+
+    factor: float
+    ulps: float
+    why: str
+
+    def describe(self, dtype_name: str) -> str:
+        return (f"or, against exact float64 math: at most {self.factor:g}× diffusers' own error "
+                f"+ {self.ulps:g} {dtype_name} ulps from it: {self.why}")
+
+
+REFERENCE_ERROR = ShadowRule(
+    2.0, 2.0,
+    "diffusers rounds too (float32 tables, float16 tensors), so an answer as close to exact math as "
+    "diffusers' own, or closer, is right",
 )
 
 

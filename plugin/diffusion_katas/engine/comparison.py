@@ -3,13 +3,19 @@
 Structure first (type, length, shape, dtype, device, finiteness), each with its own plain message;
 then values: the worst element, its index, both values, the tolerance and its reason, and how many
 elements are off.
+
+Where the grader also gives the float64 shadow of the reference (`exact`: the same math on the same
+inputs in float64), a value also passes when it is no further from exact math than diffusers' own
+answer allows (core.tolerances.REFERENCE_ERROR): diffusers' rounding is the measure of what is right,
+and an answer more accurate than diffusers is never marked wrong. The message then gives your error
+vs exact math, diffusers' error vs exact math and the allowance.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from diffusion_katas.core.tolerances import Tol
+from diffusion_katas.core.tolerances import REFERENCE_ERROR, ShadowRule, Tol
 
 
 def _fmt(v: float) -> str:
@@ -38,12 +44,17 @@ def describe(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str | None:
-    """None when `actual` matches `expected` within `tol`; otherwise the reason, for a learner."""
+def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact: Any = None,
+             rule: ShadowRule = REFERENCE_ERROR) -> str | None:
+    """None when `actual` matches `expected` within `tol`; otherwise the reason, for a learner.
+
+    `exact`, when given, is the float64 shadow of `expected` (same structure): an element also passes
+    when |actual − exact| ≤ rule.factor·|expected − exact| + rule.ulps ulps (see REFERENCE_ERROR).
+    """
     import torch
 
     if isinstance(expected, torch.Tensor):
-        return _tensor_mismatch(actual, expected, tol, where)
+        return _tensor_mismatch(actual, expected, tol, where, exact if isinstance(exact, torch.Tensor) else None, rule)
     if type(expected).__module__ == "numpy" and hasattr(expected, "shape"):
         return _array_mismatch(actual, expected, tol, where)
     if isinstance(expected, (tuple, list)):
@@ -52,7 +63,7 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str
         if len(actual) != len(expected):
             return f"{where} should have {len(expected)} items, got {len(actual)}"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            problem = mismatch(a, e, tol, f"{where}[{i}]")
+            problem = mismatch(a, e, tol, f"{where}[{i}]", _part(exact, i, (tuple, list)), rule)
             if problem:
                 return problem
         return None
@@ -60,7 +71,7 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str
         if not isinstance(actual, dict) or set(actual) != set(expected):
             return f"{where} should be a dict with keys {sorted(expected)}, got {describe(actual)}"
         for key in expected:
-            problem = mismatch(actual[key], expected[key], tol, f"{where}[{key!r}]")
+            problem = mismatch(actual[key], expected[key], tol, f"{where}[{key!r}]", _part(exact, key, dict), rule)
             if problem:
                 return problem
         return None
@@ -77,13 +88,34 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output") -> str
         if not math.isfinite(actual) and math.isfinite(expected):
             return f"{where} is {actual!r}; expected {_fmt(expected)}"
         if abs(actual - expected) > tol.atol + tol.rtol * abs(expected):
+            shadow = ""
+            if isinstance(exact, (int, float)) and math.isfinite(exact):
+                # a Python float answer here is read off float32 tensors: its ulps are float32's
+                yours, theirs = abs(actual - exact), abs(expected - exact)
+                allowed = rule.factor * theirs + rule.ulps * 2.0**-23 * abs(exact)
+                if yours <= allowed:
+                    return None
+                shadow = (f"\n  your error vs exact math {_fmt(yours)}; diffusers' error vs exact math "
+                          f"{_fmt(theirs)}; allowed {_fmt(allowed)} = {rule.factor:g} × diffusers' error "
+                          f"+ {rule.ulps:g} float32 ulps\n  {rule.describe('float32')}")
             return (f"{where} is {_fmt(actual)}; expected {_fmt(expected)} "
-                    f"(|diff| {_fmt(abs(actual - expected))}; tolerance {tol.describe()})")
+                    f"(|diff| {_fmt(abs(actual - expected))}; tolerance {tol.describe()})" + shadow)
         return None
     return None if actual == expected else f"{where} should be {describe(expected)}, got {describe(actual)}"
 
 
-def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
+def _part(exact: Any, key: Any, kind) -> Any:
+    """The shadow of one item of a container (None where the shadow has no such container or item)."""
+    if not isinstance(exact, kind):
+        return None
+    try:
+        return exact[key]
+    except (LookupError, TypeError):
+        return None
+
+
+def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str, exact=None,
+                     rule: ShadowRule = REFERENCE_ERROR) -> str | None:
     import torch
 
     if type(actual) is not torch.Tensor:
@@ -113,19 +145,48 @@ def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str) -> str | None:
     diff = torch.nan_to_num(diff, nan=math.inf)
     allowed = tol.atol + tol.rtol * torch.nan_to_num(e.abs(), posinf=0.0)
     bad = diff > allowed
+    shadow = None
+    if bad.any() and exact is not None and exact.shape == expected.shape and expected.is_floating_point():
+        # The float64 shadow: an element also passes when it is no further from exact math than
+        # diffusers' own rounding allows. Where the shadow is not finite, only the tolerance applies.
+        x = exact.detach().double()
+        yours = torch.nan_to_num((a - x).abs(), nan=math.inf)
+        theirs = (e - x).abs()
+        ulps = rule.ulps * torch.finfo(expected.dtype).eps * x.abs()
+        shadow_allowed = rule.factor * theirs + ulps
+        shadow_allowed = torch.where(torch.isfinite(x) & torch.isfinite(shadow_allowed), shadow_allowed,
+                                     torch.full_like(shadow_allowed, -1.0))
+        bad = bad & ~(yours <= shadow_allowed)
+        shadow = (x, yours, theirs, shadow_allowed)
     if not bad.any():
         return None
     worst = int(torch.argmax(torch.where(bad, diff - allowed, torch.full_like(diff, -math.inf))))
     idx = _index(torch.tensor(list(_unravel(worst, tuple(e.shape)))))
     n_bad, n = int(bad.sum()), bad.numel()
     at = f" at index {idx}" if e.dim() else ""
+    if shadow is None:
+        return (
+            f"{where} values differ: worst element{at}\n"
+            f"    expected {_fmt(e[idx].item())}\n"
+            f"    yours    {_fmt(a[idx].item())}\n"
+            f"    |diff|   {_fmt(diff[idx].item())}, allowed {_fmt(allowed[idx].item())}\n"
+            f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside the tolerance\n"
+            f"  tolerance: {tol.describe()}"
+        )
+    x, yours, theirs, shadow_allowed = shadow
+    dtype = str(expected.dtype).replace("torch.", "")
     return (
         f"{where} values differ: worst element{at}\n"
-        f"    expected {_fmt(e[idx].item())}\n"
+        f"    expected {_fmt(e[idx].item())} (diffusers)\n"
         f"    yours    {_fmt(a[idx].item())}\n"
+        f"    exact    {_fmt(x[idx].item())} (the same math in float64 on the same inputs)\n"
         f"    |diff|   {_fmt(diff[idx].item())}, allowed {_fmt(allowed[idx].item())}\n"
-        f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside the tolerance\n"
-        f"  tolerance: {tol.describe()}"
+        f"    your error vs exact math {_fmt(yours[idx].item())}; diffusers' error vs exact math "
+        f"{_fmt(theirs[idx].item())}; allowed {_fmt(max(shadow_allowed[idx].item(), 0.0))} "
+        f"= {rule.factor:g} × diffusers' error + {rule.ulps:g} {dtype} ulps\n"
+        f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside both allowances\n"
+        f"  tolerance: {tol.describe()}\n"
+        f"  {rule.describe(dtype)}"
     )
 
 

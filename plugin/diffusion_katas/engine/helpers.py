@@ -4,12 +4,14 @@
 - `SD_BETAS` and `sd_schedule(...)`: Stable Diffusion's training schedule, under one name.
 - `quiet_diffusers()`: the warnings diffusers 0.42.1 prints on every pipeline run, silenced in one place.
 - `seed_from(g)`: a seed drawn from the check's generator, for a pipeline's own generator or the global RNG.
+- `float64_twin(scheduler)`: a copy with float64 tables, whose own code computes a reference's float64 shadow.
 - `PipelineRecorder`: what a diffusers pipeline passed to its scheduler and its denoiser, step by step.
 - `DenoiserProbe`: a denoiser that counts its calls and records the batch size and timesteps of each.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +44,19 @@ def quiet_diffusers() -> Iterator[None]:
 def seed_from(g: torch.Generator) -> int:
     """A seed drawn from the check's generator (so `--kata-seed` reproduces it)."""
     return int(torch.randint(0, 2**31, (1,), generator=g))
+
+
+def float64_twin(scheduler: Any) -> Any:
+    """A copy of a diffusers scheduler whose float tensors (ᾱ, β, σ, the final ᾱ) are float64.
+
+    Called with float64 inputs, diffusers' own code then computes the float64 shadow of its answer on
+    the same tables (Scenario.exact): the float32 values, widened, so only the arithmetic differs.
+    """
+    twin = copy.deepcopy(scheduler)
+    for name, value in vars(twin).items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            setattr(twin, name, value.double())
+    return twin
 
 
 def _clone(value: Any) -> Any:

@@ -274,7 +274,7 @@ class KataItem(pytest.Item):
                     except KataFailure as exc:
                         raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
                 tol = for_dtype(check.tol, output_dtype(scenario.expected))
-                problem = mismatch(out, scenario.expected, tol)
+                problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
                 if problem:
                     raise KataFailure(self._failure(problem, scenario, out, tol, rng))
 

@@ -1,0 +1,64 @@
+"""Tolerance from the reference's own error: comparison.mismatch with a float64 shadow (`exact`)."""
+import torch
+
+from diffusion_katas.core.tolerances import Tol
+from diffusion_katas.engine.comparison import mismatch
+
+TIGHT = Tol(1e-6, 0.0, "toy tolerance for tests")
+
+
+def test_without_a_shadow_nothing_changes():
+    problem = mismatch(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.001]), TIGHT)
+    assert "values differ" in problem and "exact math" not in problem
+
+
+def test_an_answer_closer_to_exact_math_than_diffusers_passes_however_far_from_diffusers():
+    exact = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    diffusers = torch.tensor([1.0, 2.001])  # diffusers' rounding: 1e-3 off at index 1
+    yours = torch.tensor([1.0, 2.0])  # 1e-3 from diffusers, 0 from exact
+    assert mismatch(yours, diffusers, TIGHT) is not None
+    assert mismatch(yours, diffusers, TIGHT, exact=exact) is None
+    # up to 2× diffusers' own error (+ 2 ulps) from exact math passes too, on either side
+    assert mismatch(torch.tensor([1.0, 1.998]), diffusers, TIGHT, exact=exact) is None
+
+
+def test_a_wrong_answer_says_its_error_diffusers_error_and_the_allowance():
+    exact = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    diffusers = torch.tensor([1.0, 2.0 + 2**-10])  # 0.0009765625 from exact math
+    problem = mismatch(torch.tensor([1.0, 2.0 + 2**-7]), diffusers, TIGHT, exact=exact)
+    assert "values differ: worst element at index (1,)" in problem
+    assert "exact    2 (the same math in float64 on the same inputs)" in problem
+    assert "your error vs exact math 0.0078125;" in problem
+    assert "diffusers' error vs exact math 0.000976562;" in problem
+    assert "allowed 0.00195" in problem and "= 2 × diffusers' error + 2 float32 ulps" in problem
+    assert "tolerance: atol=1e-06, rtol=0: toy tolerance for tests" in problem
+    assert "or, against exact float64 math: at most 2× diffusers' own error + 2 float32 ulps from it" in problem
+
+
+def test_the_tolerance_against_diffusers_stays_a_floor():
+    exact = torch.tensor([1.0], dtype=torch.float64)
+    diffusers = torch.tensor([1.0])  # diffusers exact: the shadow allowance is 2 ulps
+    assert mismatch(torch.tensor([1.0 + 5e-7]), diffusers, TIGHT, exact=exact) is None
+
+
+def test_where_the_shadow_is_not_finite_only_the_tolerance_applies():
+    exact = torch.tensor([float("inf")], dtype=torch.float64)
+    problem = mismatch(torch.tensor([3.0]), torch.tensor([2.0]), TIGHT, exact=exact)
+    assert problem is not None and "values differ" in problem
+
+
+def test_nan_is_never_accepted_by_the_shadow():
+    exact = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    problem = mismatch(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 1.5]), TIGHT, exact=exact)
+    assert problem is not None
+
+
+def test_a_python_float_answer_is_judged_against_its_shadow_too():
+    assert mismatch(3.0, 3.001, TIGHT, exact=3.0) is None
+    problem = mismatch(3.1, 3.001, TIGHT, exact=3.0)
+    assert "your error vs exact math 0.1" in problem and "diffusers' error vs exact math 0.001" in problem
+
+
+def test_containers_carry_their_shadows_item_by_item():
+    exact = (torch.tensor([2.0], dtype=torch.float64), 1.0)
+    assert mismatch((torch.tensor([2.0]), 1.0), (torch.tensor([2.001]), 1.0), TIGHT, exact=exact) is None
