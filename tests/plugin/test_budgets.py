@@ -24,8 +24,43 @@ def test_a_correct_but_costly_function_is_over_budget_with_measured_and_allowed(
 def test_a_budget_is_not_judged_until_the_function_is_correct(toy):
     toy.kata(double="return x * 3")
     result = toy.run("katas", "-m", "budget")
-    result.stdout.fnmatch_lines(["*budget 'one output-sized allocation' is judged once the function is correct*"])
-    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*budget 'one output-sized allocation' of `double` is judged once `double` is "
+                                 "correct; it fails check 'vs toyref.double' (see why with: *"])
+    assert result.parseoutcomes() == {"waiting": 1, "deselected": 3}
+    assert result.ret == 1
+
+
+COUNTING = """
+with open("calls.txt", "a") as f:
+    f.write("x")
+return x * 3
+"""
+
+
+def test_a_budget_of_a_wrong_function_waits_in_one_line_without_running_the_failing_check_again(toy):
+    toy.kata(double=COUNTING)
+    result = toy.run("katas", "-k", "double", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.parseoutcomes()["waiting"] == 1 and result.parseoutcomes()["failed"] == 1
+    waiting = [line for line in out.splitlines() if "is judged once `double` is correct" in line]
+    assert len(waiting) == 1 and "its failure is shown above" in waiting[0]
+    assert "FAILED katas/01_toy.py::double[budget" not in out
+    # the check failed on its first case; the budget called nothing (no second run, no second time-out)
+    assert (toy.pytester.path / "calls.txt").read_text() == "x"
+
+
+def test_budgets_selected_alone_run_their_functions_checks_once(toy):
+    toy.kata(double=COUNTING)
+    toy.run("katas", "-m", "budget", "-p", "no:cacheprovider")
+    assert (toy.pytester.path / "calls.txt").read_text() == "x"
+
+
+def test_the_progress_line_names_what_a_selection_left_out(toy):
+    toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*not graded in this run (deselected): 2 function(s) (`normalize`, `stay_put`)*",
+                                 "*every graded check passes.*"])
+    assert "every visible check passes" not in result.stdout.str()
 
 
 def test_an_untouched_function_shows_its_budget_as_todo(toy):

@@ -22,9 +22,9 @@ from diffusion_katas.core.results import FILE_REASONS
 
 # Where the diffusion_katas package imports from: every pytest subprocess needs it, even for a course elsewhere.
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent
-UNSOLVED = ("todo", "failed", "over budget")
-VERBS = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}
-MARKS = {"passed": "passed", "failed": "FAILED", "todo": "TODO", "over budget": "OVER BUDGET",
+UNSOLVED = ("todo", "failed", "waiting", "over budget")
+VERBS = {"todo": "write", "failed": "fix", "waiting": "fix", "over budget": "make cheaper"}
+MARKS = {"passed": "passed", "failed": "FAILED", "todo": "TODO", "over budget": "OVER BUDGET", "waiting": "WAITING",
          "skipped": "skipped"}
 
 

@@ -157,7 +157,7 @@ def merge(old: dict | None, run_json: dict, declared: dict[str, dict[str, set[st
     entries = {e["lab"]: e for e in data["labs"]}
     kept_results = {lab: [r for r in data["results"] if r.get("lab") == lab] for lab in entries}
     failed = data.setdefault("failed_gradings", {})
-    rank = {"failed": 4, "over budget": 3, "todo": 2, "passed": 1, "skipped": 0}
+    rank = {"failed": 5, "waiting": 4, "over budget": 3, "todo": 2, "passed": 1, "skipped": 0}
     for lab in graded_labs:
         mine = [r for r in results if r["lab"] == lab]
         functions = declared.get(lab) or {r["function"]: set() for r in mine}

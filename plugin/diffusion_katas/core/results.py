@@ -25,6 +25,7 @@ class Status(str, Enum):
     FAILED = "failed"
     TODO = "todo"
     OVER_BUDGET = "over budget"
+    WAITING = "waiting"  # a budget of a function that is not correct yet: judged once it is
     SKIPPED = "skipped"
 
     def __str__(self) -> str:
@@ -54,9 +55,11 @@ class Reason(str, Enum):
 
 # Whole-file problems: every function of the lab fails with the same reason.
 FILE_REASONS = (Reason.IMPORT_ERROR, Reason.MISSING_FILE)
-UNSOLVED = (Status.FAILED, Status.OVER_BUDGET, Status.TODO)
+UNSOLVED = (Status.FAILED, Status.WAITING, Status.OVER_BUDGET, Status.TODO)
 # The worst status of a function's items wins; a skipped item (a GPU budget without CUDA) holds nothing back.
-RANK = {Status.FAILED: 4, Status.OVER_BUDGET: 3, Status.TODO: 2, Status.PASSED: 1, Status.SKIPPED: 0}
+# A budget waiting on correctness is outranked by the failing check it waits on, when that check ran.
+RANK = {Status.FAILED: 5, Status.WAITING: 4, Status.OVER_BUDGET: 3, Status.TODO: 2, Status.PASSED: 1,
+        Status.SKIPPED: 0}
 
 VERSIONED = ("torch", "diffusers", "peft", "transformers")
 # Gradescope's results.json fields and visibility values (gradescope-autograders.readthedocs.io specs).

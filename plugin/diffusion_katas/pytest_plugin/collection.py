@@ -18,7 +18,7 @@ import pytest
 from diffusion_katas.core.course import lab_title
 from diffusion_katas.core.results import Reason, Status
 from diffusion_katas.pytest_plugin import session as state
-from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
+from diffusion_katas.pytest_plugin.outcomes import BudgetWaits, KataTodo, LearnerCrash
 from diffusion_katas.core.spec import Budget, Check, KataFailure, OverBudget, Scenario
 
 
@@ -364,14 +364,23 @@ class BudgetItem(KataItem):
             self.close_runner()
 
     def _judge(self) -> None:
-        fn = self.learner_function()
-        for check in self.kata.checks:
-            try:
-                self.run_check(check, fn)
-            except KataFailure as exc:
-                raise KataFailure(
-                    f"{self.kata.name} · budget '{self.budget.name}' is judged once the function is "
-                    f"correct, and it is not yet:\n{exc}", exc.reason, exc.detail) from None
+        fn = None
+        verdict = self._verdict_from_this_run()
+        if verdict is None:  # its checks were not all graded in this run (-m budget, -k ...): run them once
+            session = self.config.stash[state.SESSION]
+            key = (self.lab, self.kata.name)
+            if key not in session.gates:
+                fn = self.learner_function()
+                session.gates[key] = self._run_checks(fn)
+            verdict = session.gates[key]
+        if verdict[0] == "file":  # the file itself is missing or broken: the same verdict, not a wait
+            raise KataFailure(verdict[1], verdict[2], verdict[3])
+        if verdict[0] == "todo":
+            raise KataTodo(self.kata.name, verdict[1])
+        if verdict[0] == "failed":
+            raise BudgetWaits(self.kata.name, self.budget.name, verdict[1], verdict[2])
+        if fn is None:
+            fn = self.learner_function()
         self.last_context = f"{self.kata.name} · budget '{self.budget.name}'"
 
         import torch
@@ -382,6 +391,34 @@ class BudgetItem(KataItem):
         self.measurements = measurements
         if any(m.over for m in measurements):
             raise OverBudget(self.last_context)
+
+
+    def _verdict_from_this_run(self) -> tuple | None:
+        """Whether the function passes its checks, from this run's results when every check ran (None when
+        some did not): a budget never re-runs a failing check, nor pays its time-out again."""
+        session = self.config.stash[state.SESSION]
+        mine = [r for r in session.results if r.lab == self.lab and r.function == self.kata.name
+                and not r.hidden and not r.check.startswith("budget: ")]
+        bad = next((r for r in mine if r.status not in (Status.PASSED, Status.SKIPPED)), None)
+        if bad is not None:
+            if bad.reason in (Reason.IMPORT_ERROR, Reason.MISSING_FILE, Reason.MISSING_FUNCTION):
+                return ("file", bad.detail or bad.message.splitlines()[0], bad.reason, bad.detail)
+            if bad.status == Status.TODO:
+                return ("todo", bad.detail if bad.reason == Reason.WAITS_ON else "")
+            return ("failed", bad.check, True)
+        passed = {r.check for r in mine}
+        return ("ok",) if all(c.name in passed for c in self.kata.checks) else None
+
+    def _run_checks(self, fn) -> tuple:
+        """The function's checks, run here once for all its budgets (they were not part of this run)."""
+        for check in self.kata.checks:
+            try:
+                self.run_check(check, fn)
+            except KataTodo as todo:
+                return ("todo", todo.waits_on)
+            except (KataFailure, LearnerCrash):
+                return ("failed", check.name, False)
+        return ("ok",)
 
 
 class Learner:

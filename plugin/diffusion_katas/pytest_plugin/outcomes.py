@@ -20,3 +20,12 @@ class LearnerCrash(Exception):
         super().__init__(context)
         self.context = context
         self.exc = exc
+
+
+class BudgetWaits(Exception):
+    """A budget of a function that does not pass its checks yet: judged once it does. `check` is the check it
+    waits on, `ran_here` whether that check's failure is reported in this run (above)."""
+
+    def __init__(self, function: str, budget: str, check: str, ran_here: bool):
+        super().__init__(f"{function} · budget '{budget}' waits on check '{check}'")
+        self.function, self.budget, self.check, self.ran_here = function, budget, check, ran_here

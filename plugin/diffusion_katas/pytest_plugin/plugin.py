@@ -15,6 +15,7 @@ from diffusion_katas.core.course import Course
 from diffusion_katas.pytest_plugin import session as state
 from diffusion_katas.pytest_plugin.collection import pytest_collect_file, pytest_pycollect_makemodule  # noqa: F401
 from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
+    pytest_deselected,
     pytest_report_header,
     pytest_report_teststatus,
     pytest_runtest_makereport,

@@ -46,7 +46,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def classify(excinfo, report) -> tuple[Status, Reason, str]:
     """(status, reason code, reason in a few words) of a kata item's outcome, from the exception type."""
     from diffusion_katas.core.spec import KataFailure, OverBudget
-    from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
+    from diffusion_katas.pytest_plugin.outcomes import BudgetWaits, KataTodo, LearnerCrash
 
     if report.passed:
         return Status.PASSED, Reason.NONE, ""
@@ -59,6 +59,8 @@ def classify(excinfo, report) -> tuple[Status, Reason, str]:
         return Status.TODO, (Reason.WAITS_ON if waits_on else Reason.TODO), waits_on
     if excinfo.errisinstance(OverBudget):
         return Status.OVER_BUDGET, Reason.OVER_BUDGET, ""
+    if excinfo.errisinstance(BudgetWaits):
+        return Status.WAITING, Reason.WAITS_ON, f"check '{excinfo.value.check}'"
     if excinfo.errisinstance(KataFailure):
         return Status.FAILED, excinfo.value.reason, excinfo.value.detail
     if excinfo.errisinstance(LearnerCrash):
@@ -75,6 +77,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
         return "todo", "T", ("TODO", {"yellow": True})
     if status == "over budget":
         return "over budget", "B", ("OVER BUDGET", {"red": True})
+    if status == "waiting":
+        return "waiting", "w", ("WAITING", {"yellow": True})
     return None
 
 
@@ -105,7 +109,7 @@ def reproduce_line(item) -> str:
 
 def failure_text(item, excinfo) -> str:
     """The learner-facing text for a failed kata item."""
-    from diffusion_katas.pytest_plugin.outcomes import KataTodo, LearnerCrash
+    from diffusion_katas.pytest_plugin.outcomes import BudgetWaits, KataTodo, LearnerCrash
     from diffusion_katas.core.spec import KataFailure, OverBudget
 
     session = item.config.stash[state.SESSION]
@@ -122,6 +126,12 @@ def failure_text(item, excinfo) -> str:
         return "\n".join([f"TODO: write `{item.kata.name}` in {rel}", *hint_lines(item, first_only=True)])
     if excinfo.errisinstance(OverBudget):
         return "\n".join([budget_text(item), reproduce_line(item)])
+    if excinfo.errisinstance(BudgetWaits):
+        waits = excinfo.value
+        where = "its failure is shown above" if waits.ran_here else \
+            f'see why with: python -m pytest "{item.parent.nodeid}" -k {waits.function} -m "not budget"'
+        return (f"budget '{waits.budget}' of `{waits.function}` is judged once `{waits.function}` is correct; "
+                f"it fails check '{waits.check}' ({where})")
     if excinfo.errisinstance(KataFailure):
         body = str(excinfo.value)
     elif excinfo.errisinstance(LearnerCrash):
@@ -176,6 +186,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for report in over:
             tr.write_sep("_", report.head_line or report.nodeid, red=True)
             tr.write_line(str(report.longrepr))
+    waiting = tr.stats.get("waiting", [])
+    if waiting:  # one line each: the failure they wait on is reported once, where it happened
+        tr.write_sep("=", "budgets waiting on correctness", yellow=True)
+        for report in waiting:
+            tr.write_line(f"  {report.longrepr}")
     tr.write_sep("=", "kata progress", cyan=True, bold=True)
     width = max(len(title) for title, _ in labs.values())
     next_up = None
@@ -188,11 +203,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         bar = "#" * solved + "." * (total - solved)
         tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
         for function, status in functions.items():
-            if next_up is None and status in ("todo", "failed", "over budget"):
+            if next_up is None and status in ("todo", "failed", "waiting", "over budget"):
                 next_up = (lab, function, status)
     if session.interrupted:
         tr.write_line("  the run was interrupted: the table shows only what was graded before it stopped, and "
                       "nothing here counts as a complete grade.", red=True, bold=True)
+        return
+    left_out = _not_graded(session, labs)
+    if left_out:
+        tr.write_line(f"  not graded in this run (deselected): {left_out}. The table counts only what ran; "
+                      f"`python -m pytest {session.rel(session.kata_dir)}` grades everything.", yellow=True)
+    if next_up is None and left_out:
+        tr.write_line("  every graded check passes.", green=True, bold=True)
         return
     if next_up is None:
         if all(s == "skipped" for _, functions in labs.values() for s in functions.values()):
@@ -207,7 +229,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     lab, function, status = next_up
     source = session.rel((session.solutions_dir if session.grade_solutions else session.kata_dir) / f"{lab}.py")
     where = session.rel(session.kata_dir / f"{lab}.py") + (" --solutions" if session.grade_solutions else "")
-    verb = {"todo": "write", "failed": "fix", "over budget": "make cheaper"}[status]
+    verb = {"todo": "write", "failed": "fix", "waiting": "fix", "over budget": "make cheaper"}[status]
     tr.write_line(f"  next: {verb} `{function}` in {source}", yellow=True, bold=True)
     if status == "over budget":  # it is correct: a correctness hint would be beside the point
         tr.write_line("  hint: it is correct; the OVER BUDGET section above shows what was measured against "
@@ -217,6 +239,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             if kata.name == function and kata.hints:
                 tr.write_line(f"  hint: {kata.hints[0]}")
     tr.write_line(f"  then: python -m pytest {where}")
+
+
+def pytest_deselected(items) -> None:
+    """Remember which kata checks a selection (-k, -m, --kata-function) left out, for a true progress line."""
+    for item in items:
+        if hasattr(item, "kata") and hasattr(item, "check_name"):
+            session = item.config.stash.get(state.SESSION, None)
+            if session is not None:
+                session.deselected.append((item.lab, item.kata.name, item.check_name))
+
+
+def _not_graded(session, labs) -> str:
+    """The functions (or checks of graded functions) a selection left out, in a few words."""
+    if not session.deselected:
+        return ""
+    graded = {(lab, f) for lab, (_title, functions) in labs.items() for f in functions}
+    whole, partly = [], []
+    for lab, function, _check in session.deselected:
+        bucket = partly if (lab, function) in graded else whole
+        if (lab, function) not in bucket:
+            bucket.append((lab, function))
+    parts = []
+    if whole:
+        names = ", ".join(f"`{f}`" for _, f in whole[:6]) + (f" and {len(whole) - 6} more" if len(whole) > 6 else "")
+        parts.append(f"{len(whole)} function(s) ({names})")
+    if partly:
+        parts.append(f"some checks or budgets of {', '.join(f'`{f}`' for _, f in partly[:6])}")
+    return "; ".join(parts)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:

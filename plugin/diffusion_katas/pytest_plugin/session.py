@@ -30,6 +30,11 @@ class KataSession:
     results: list[Result] = field(default_factory=list)
     # Per lab, its files as they were when its first item started (for .kata/last-grading.json).
     fingerprints: dict[str, dict] = field(default_factory=dict)
+    # (lab, function) -> whether it passes its checks, as its budgets found out when the checks were not part
+    # of this run: ("ok",), ("todo", waits_on) or ("failed", check); one run of the checks per function.
+    gates: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    # (lab, function, check) of kata items a selection (-k, -m, --kata-function) left out.
+    deselected: list[tuple[str, str, str]] = field(default_factory=list)
     interrupted: bool = False
 
     @property

@@ -104,7 +104,7 @@ def verdict_lines(course: Course, lab: str, grading: Grading) -> list[str]:
         lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))
         if tier < len(hints):
             lines.append(f"  (`kata hint` shows hint {tier + 1} of {len(hints)})")
-    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "over budget")), None)
+    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "waiting", "over budget")), None)
     if failing is None:
         lines.append("nothing fails yet: the functions not passing are still TODO.")
         return lines
