@@ -101,3 +101,11 @@ def test_peak_bytes_counts_live_tensors_not_everything_ever_allocated():
         return a
 
     assert peak_bytes(two_at_a_time)[0] == 2 * x.nbytes
+
+
+def test_verbose_runs_show_how_close_each_passing_budget_came_to_its_allowance(toy):
+    toy.kata(double="return x * 2")
+    result = toy.run("katas", "-m", "budget", "-v")
+    result.stdout.fnmatch_lines(["*= budgets: measured of allowed =*",
+                                 "*double · one output-sized allocation: peak live tensor bytes: * of * (*x)*"])
+    assert "measured of allowed" not in toy.run("katas", "-m", "budget").stdout.str()

@@ -34,6 +34,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             session.fingerprints[item.lab] = record.lab_fingerprint(session.course, item.lab)
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         status, reason, detail = classify(call.excinfo, report)
+        if status == Status.PASSED and getattr(item, "measurements", None):
+            detail = headroom(item.measurements)  # a passing budget shows how close it came
         report.kata_status, report.kata_reason = status.value, reason.value
         session = item.config.stash[state.SESSION]
         message = "" if report.passed else str(report.longrepr or "")
@@ -148,6 +150,14 @@ def failure_text(item, excinfo) -> str:
     return "\n".join([*first, body, *hint_lines(item), reproduce_line(item)])
 
 
+def headroom(measurements) -> str:
+    """Each measurement of a passing budget against its allowance, in one line."""
+    from diffusion_katas.engine.meters import human
+
+    return "; ".join(f"{m.what}: {human(m.measured, m.unit)} of {human(m.allowed, m.unit)}"
+                     + (f" ({m.measured / m.allowed:.2f}x)" if m.allowed else "") for m in measurements)
+
+
 def budget_text(item) -> str:
     """Measured against allowed, one line per measurement, the misses marked."""
     from diffusion_katas.engine.meters import human
@@ -186,6 +196,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for report in over:
             tr.write_sep("_", report.head_line or report.nodeid, red=True)
             tr.write_line(str(report.longrepr))
+    if tr.config.option.verbose > 0:  # how close each passing budget came to its allowance
+        passing = [r for r in session.results if r.status == Status.PASSED and r.check.startswith("budget: ")
+                   and r.detail]
+        if passing:
+            tr.write_sep("=", "budgets: measured of allowed", green=True)
+            for r in passing:
+                tr.write_line(f"  {r.function} · {r.check[len('budget: '):]}: {r.detail}")
     waiting = tr.stats.get("waiting", [])
     if waiting:  # one line each: the failure they wait on is reported once, where it happened
         tr.write_sep("=", "budgets waiting on correctness", yellow=True)

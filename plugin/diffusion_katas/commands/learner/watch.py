@@ -83,6 +83,10 @@ def verdict_lines(course: Course, lab: str, grading: Grading) -> list[str]:
     lines += ["", f"{entry.get('title', lab)}: {solved}/{total} solved"]
     width = max((len(MARKS.get(s, s)) for _, s in statuses(entry)), default=6)
     lines += [f"  {MARKS.get(s, s):<{width}}  {f}" for f, s in statuses(entry)]
+    for r in (report or {}).get("results", []):  # passing budgets: how close they came to the allowance
+        if r.get("lab") == lab and r.get("status") == "passed" and str(r.get("check", "")).startswith("budget: ") \
+                and r.get("detail"):
+            lines.append(f"  {'':<{width}}    {r['function']} · {r['check'][len('budget: '):]}: {r['detail']}")
     found = first_unsolved(entry)
     lines.append("")
     if found is None:
