@@ -66,6 +66,7 @@ def zygote(control_fd: int) -> None:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the grader's to handle
     loaded: dict[str, tuple[str, int]] = {}
+    forgotten: set[int] = set()  # killed runners whose end nobody waits for: reaped when they are gone
     while True:
         try:
             message, fds, _flags, _addr = socket.recv_fds(control, 1 << 16, 1)
@@ -73,6 +74,12 @@ def zygote(control_fd: int) -> None:
             return
         if not message:
             return
+        for pid in list(forgotten):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    forgotten.discard(pid)
+            except ChildProcessError:
+                forgotten.discard(pid)
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
             answer = _load_graders(command, loaded)
@@ -91,6 +98,9 @@ def zygote(control_fd: int) -> None:
                 os._exit(code)
             os.close(fds[0])
             control.sendall(f"pid {pid}\n".encode())
+        elif command["op"] == "forget":
+            forgotten.add(command["pid"])
+            control.sendall(b"ok\n")
         elif command["op"] == "wait":
             try:
                 _, status = os.waitpid(command["pid"], 0)
