@@ -7,9 +7,11 @@ fed the UNet, what it got back, and the guided prediction it handed to the sched
 rescale_noise_cfg is also called directly.
 """
 import torch
+from diffusers.guiders.classifier_free_guidance import ClassifierFreeGuidance
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+from diffusers.utils import logging as diffusers_logging
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
@@ -126,6 +128,42 @@ def _(case, g):
     return scenarios
 
 
+@guidance_combine.check(
+    "vs ClassifierFreeGuidance, scales below, at and above 1",
+    # The formula holds for every s: the guider applies it unless s == 1 (where it returns ε_c, the same
+    # thing). Only StableDiffusionPipeline skips guidance for s ≤ 1, by not running the unconditional
+    # branch at all: that is guided_noise's business, not the combine's.
+    cases=[dict(shape=(2, 4, 5, 7), guidance_scale=0.5),
+           dict(shape=(3, 4, 6, 6), guidance_scale=0.0),
+           dict(shape=(1, 3, 9, 5), guidance_scale=1.0),
+           dict(shape=(2, 16, 4, 6), guidance_scale=2.5),
+           dict(shape=(2, 4, 5, 7), guidance_scale=0.25, dtype="float16")],
+    tol=STEP_MATH)
+def _(case, g):
+    dtype = DTYPES[case.get("dtype", "float32")]
+    noise_text = torch.randn(case["shape"], generator=g)
+    noise_uncond = (noise_text + 0.5 * torch.randn(case["shape"], generator=g)).to(dtype)
+    noise_text = noise_text.to(dtype)
+    level = diffusers_logging.get_verbosity()  # every guider logs "Guiders are currently an experimental feature"
+    diffusers_logging.set_verbosity_error()
+    try:
+        guider = ClassifierFreeGuidance(guidance_scale=case["guidance_scale"])
+    finally:
+        diffusers_logging.set_verbosity(level)
+    expected = guider.forward(noise_text.clone(), noise_uncond.clone()).pred
+    return Scenario(inputs=dict(noise_uncond=noise_uncond, noise_text=noise_text,
+                                guidance_scale=case["guidance_scale"]),
+                    expected=expected, label=f"guidance_scale={case['guidance_scale']}")
+
+
+@guidance_combine.trap("no guidance below s = 1: ε_c returned instead of ε_u + s·(ε_c − ε_u)",
+                       hint="The combine is the formula for every s: at 0 < s < 1 it lands between ε_u and ε_c, "
+                            "at s = 0 on ε_u. Only the pipeline skips guidance at s ≤ 1, by never asking the "
+                            "unconditional question (guided_noise).")
+def _(noise_uncond, noise_text, guidance_scale):
+    return noise_text.clone() if guidance_scale <= 1 else noise_uncond + guidance_scale * (noise_text - noise_uncond)
+
+
 @guidance_combine.trap("branches swapped: ε_c + s·(ε_u − ε_c)",
                        hint="The base is the UNCONDITIONAL prediction; guidance moves from it towards the "
                             "text prediction: ε_u + s·(ε_c − ε_u). Swapped, it steers away from the prompt.")
@@ -187,6 +225,7 @@ rescale_guidance = Kata(
     cases=[dict(shape=(4, 4, 8, 8), guidance_rescale=0.7),
            dict(shape=(2, 4, 16, 16), guidance_rescale=1.0),
            dict(shape=(3, 64, 16), guidance_rescale=0.3),  # a transformer's (B, tokens, D) prediction
+           dict(shape=(2, 3, 5, 7), guidance_rescale=0.0),  # φ = 0: noise_cfg itself
            dict(shape=(3, 4, 8, 8), guidance_rescale=0.7, dtype="float16")],
     tol=STEP_MATH)
 def _(case, g):
@@ -324,7 +363,8 @@ guided_noise = Kata(
            dict(scheduler="DDIM trailing", batch=2, guidance_scale=5.0, guidance_rescale=0.7),
            dict(scheduler="Euler", batch=2, guidance_scale=7.5),
            dict(scheduler="Euler", batch=1, guidance_scale=4.0, guidance_rescale=0.5, dtype="float16"),
-           dict(scheduler="DDIM", batch=2, guidance_scale=1.0)],
+           dict(scheduler="DDIM", batch=2, guidance_scale=1.0),
+           dict(scheduler="Euler", batch=2, guidance_scale=0.5, guidance_rescale=0.7)],
     tol=MODEL_FORWARD)
 def _(case, g):
     steps, unet, prompt_embeds, negative_prompt_embeds, _ = pipeline_run(case, g)
@@ -376,6 +416,18 @@ def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_s
     guided = noise_uncond + guidance_scale * (noise_text - noise_uncond)
     if guidance_rescale > 0:
         guided = reference_rescale(guided, noise_uncond, guidance_rescale)
+    return guided
+
+
+@guided_noise.trap("guidance applied at guidance_scale ≤ 1 (the pipeline guides only when s > 1)",
+                   hint="StableDiffusionPipeline guides only when guidance_scale > 1 (do_classifier_free_guidance): "
+                        "at s ≤ 1 it runs the text branch alone and returns ε_c (text_noise), with no rescale. "
+                        "At s = 1 guiding happens to give the same numbers; at s = 0.5 it does not.")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    noise_uncond, noise_text = _branches(unet, latents, timestep, negative_prompt_embeds, prompt_embeds)
+    guided = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+    if guidance_rescale > 0:
+        guided = reference_rescale(guided, noise_text, guidance_rescale)
     return guided
 
 

@@ -16,7 +16,7 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, quiet_diffusers, seed_from
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
 CPU = torch.device("cpu")
@@ -208,27 +208,65 @@ prepare_latents = Kata(
 def latents_scenario(case, g, given: bool = False) -> Scenario:
     pipe = pipeline(case["vae"], case["scheduler"])
     batch, (height, width) = case["batch"], case["size"]
+    channels = case.get("channels", tiny.LATENT_CHANNELS)  # the UNet's in_channels: 4 for SD, 16 for SD3/Flux
     dtype = DTYPES[case["dtype"]]
     mine, ref = generators(case.get("generator", "one"), g)
     latents = None
     if given:
         f = pipe.vae_scale_factor
-        latents = torch.randn((batch, tiny.LATENT_CHANNELS, height // f, width // f), generator=g).to(dtype)
-    expected = pipe.prepare_latents(batch, tiny.LATENT_CHANNELS, height, width, dtype, CPU, ref,
+        latents = torch.randn((batch, channels, height // f, width // f), generator=g).to(dtype)
+    rng_after = None
+    if case.get("generator", "one") is None:
+        # No generator: diffusers draws from the global RNG. The learner's call starts from the global RNG's
+        # state as it is now (the plugin hands it over), so draw the reference from that state and rewind.
+        before = torch.random.get_rng_state()
+    expected = pipe.prepare_latents(batch, channels, height, width, dtype, CPU, ref,
                                     latents=None if latents is None else latents.clone())
+    if case.get("generator", "one") is None:
+        rng_after = [torch.random.get_rng_state()]
+        torch.random.set_rng_state(before)
     sigma = float(pipe.scheduler.init_noise_sigma)
-    inputs = dict(batch_size=batch, num_channels_latents=tiny.LATENT_CHANNELS, height=height, width=width,
+    inputs = dict(batch_size=batch, num_channels_latents=channels, height=height, width=width,
                   vae_scale_factor=pipe.vae_scale_factor, init_noise_sigma=sigma, generator=mine, dtype=dtype,
                   latents=latents)
-    return Scenario(inputs=inputs, expected=expected,
-                    label=f"{type(pipe.scheduler).__name__}, init_noise_sigma {sigma:.6g}")
+    f = pipe.vae_scale_factor
+    label = (f"{type(pipe.scheduler).__name__}, init_noise_sigma {sigma:.6g}, latents "
+             f"({batch}, {channels}, {height // f}, {width // f})")
+    return Scenario(inputs=inputs, expected=expected, label=label,
+                    verify=None if rng_after is None else global_rng_advanced_like(rng_after, expected))
 
 
+def global_rng_advanced_like(reference_after: list[torch.Tensor], expected: torch.Tensor):
+    """A Scenario.verify: the global RNG stands where diffusers' draw left it (the plugin hands the learner's
+    global RNG state back to the grader after the call). A private generator leaves it where it was.
+    Judged once the values are right: wrong values are reported (and their trap named) by the comparison."""
+
+    def verify(output):
+        if not (isinstance(output, torch.Tensor) and output.shape == expected.shape
+                and output.dtype == expected.dtype and torch.equal(output, expected)):
+            return
+        now = torch.random.get_rng_state()
+        if not any(torch.equal(now, state) for state in reference_after):
+            raise KataFailure(
+                "  with generator=None the noise must come from the global RNG (torch.randn(shape, dtype=dtype), "
+                "no generator): after your call the global RNG does not stand where diffusers' draw leaves it "
+                "(a private or freshly seeded generator, or a second draw, moves it differently)")
+
+    return verify
+
+
+# Latent sizes whose C·h·w is not a multiple of 16 (x8 at 72×40 -> 9×5; 3 channels at 56×72 -> 7×9): there,
+# one draw for the batch and one draw per sample from the same generator give different numbers (torch fills
+# normals in blocks of 16), so drawing sample by sample from one generator shows.
 @prepare_latents.check("vs prepare_latents, one generator", cases=[
     dict(vae="x2", scheduler="euler", batch=2, size=(16, 16), dtype="float32"),
     dict(vae="x8", scheduler="euler-leading", batch=3, size=(64, 48), dtype="float16"),
     dict(vae="x8", scheduler="ddim", batch=1, size=(64, 64), dtype="float32"),
     dict(vae="x2", scheduler="euler", batch=2, size=(24, 40), dtype="float32"),
+    dict(vae="x8", scheduler="euler", batch=3, size=(72, 40), dtype="float32"),
+    dict(vae="x8", scheduler="ddim", batch=2, size=(56, 72), dtype="float32", channels=3),
+    dict(vae="x2", scheduler="euler-leading", batch=2, size=(16, 8), dtype="float16", channels=16),
+    dict(vae="x8", scheduler="euler-leading", batch=2, size=(56, 40), dtype="float16", channels=3),
 ], tol=EXACT)
 def _(case, g):
     return latents_scenario(case, g)
@@ -238,6 +276,15 @@ def _(case, g):
     dict(vae="x2", scheduler="euler", batch=3, size=(16, 24), dtype="float32", generator=3),
     dict(vae="x8", scheduler="euler-leading", batch=2, size=(64, 64), dtype="float16", generator=2),
     dict(vae="x2", scheduler="euler", batch=1, size=(16, 16), dtype="float32", generator=1),
+    dict(vae="x8", scheduler="ddim", batch=3, size=(72, 40), dtype="float32", generator=3, channels=3),
+], tol=EXACT)
+def _(case, g):
+    return latents_scenario(case, g)
+
+
+@prepare_latents.check("vs prepare_latents, generator=None (the global RNG)", cases=[
+    dict(vae="x2", scheduler="euler", batch=2, size=(16, 24), dtype="float32", generator=None),
+    dict(vae="x8", scheduler="ddim", batch=3, size=(72, 40), dtype="float16", generator=None, channels=3),
 ], tol=EXACT)
 def _(case, g):
     return latents_scenario(case, g)
@@ -246,6 +293,7 @@ def _(case, g):
 @prepare_latents.check("vs prepare_latents, latents given", cases=[
     dict(vae="x2", scheduler="euler", batch=2, size=(16, 24), dtype="float32"),
     dict(vae="x8", scheduler="euler-leading", batch=2, size=(64, 64), dtype="float16"),
+    dict(vae="x8", scheduler="euler", batch=3, size=(72, 40), dtype="float32", channels=16, generator=None),
 ], tol=EXACT)
 def _(case, g):
     return latents_scenario(case, g, given=True)
@@ -319,3 +367,39 @@ def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_no
       latents=None):
     shape = _shape(batch_size, num_channels_latents, height, width, vae_scale_factor)
     return _draw(shape, generator, dtype) * init_noise_sigma
+
+
+@prepare_latents.trap("4 latent channels hard-coded instead of num_channels_latents",
+                      hint="The UNet says how many channels its latents have (unet.config.in_channels): 4 for "
+                           "SD 1.x/2.x/XL, 16 for SD3 and Flux. Use num_channels_latents.")
+def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_noise_sigma, generator, dtype,
+      latents=None):
+    shape = _shape(batch_size, 4, height, width, vae_scale_factor)
+    return (latents if latents is not None else _draw(shape, generator, dtype)) * init_noise_sigma
+
+
+@prepare_latents.trap("one generator drawn sample by sample",
+                      hint="One generator draws the whole batch in ONE call, randn((B, C, h, w), generator=g). "
+                           "B draws of (1, C, h, w) from it give other numbers whenever C·h·w is not a multiple "
+                           "of 16 (torch fills normals in blocks of 16); per-sample draws are for a LIST of "
+                           "generators, one each.")
+def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_noise_sigma, generator, dtype,
+      latents=None):
+    shape = _shape(batch_size, num_channels_latents, height, width, vae_scale_factor)
+    if latents is not None:
+        return latents * init_noise_sigma
+    gens = generator if isinstance(generator, list) else [generator] * batch_size
+    return torch.cat([torch.randn((1, *shape[1:]), generator=gen, dtype=dtype) for gen in gens]) * init_noise_sigma
+
+
+@prepare_latents.trap("the noise drawn in float32 and cast to dtype",
+                      hint="Draw in the requested dtype, torch.randn(shape, generator=g, dtype=dtype), as "
+                           "randn_tensor does: on a CPU a float16 draw and a float32 draw cast to float16 agree "
+                           "only when C·h·w is a multiple of 16 (the tail is drawn differently), and they leave "
+                           "the generator in different states.")
+def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_noise_sigma, generator, dtype,
+      latents=None):
+    if latents is not None:
+        return latents * init_noise_sigma
+    shape = _shape(batch_size, num_channels_latents, height, width, vae_scale_factor)
+    return _draw(shape, generator, torch.float32).to(dtype) * init_noise_sigma

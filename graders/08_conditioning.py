@@ -26,7 +26,7 @@ from diffusion_katas.core.tolerances import EMBED_ANGLE, EXACT, NORM_HALF, NORM_
 
 
 # ---- timestep_embedding -----------------------------------------------------------------------------
-def draw_timesteps(kind: str, batch: int, g: torch.Generator) -> torch.Tensor:
+def draw_timesteps(kind: str, batch: int, g: torch.Generator, dtype: str | None = None) -> torch.Tensor:
     """Timesteps with both ends of the range in every batch, shuffled.
 
     "int": int64 in [0, 999], as DDPM/DDIM pass them; "fractional": float32 in [0, 999], as Euler-type
@@ -38,7 +38,8 @@ def draw_timesteps(kind: str, batch: int, g: torch.Generator) -> torch.Tensor:
         t = torch.cat([torch.tensor([0.0, 999.0]), torch.rand(batch - 2, generator=g) * 999])
     else:
         t = torch.cat([torch.tensor([0.0, 1.0]), torch.rand(batch - 2, generator=g)])
-    return t[torch.randperm(batch, generator=g)]
+    t = t[torch.randperm(batch, generator=g)]
+    return t if dtype is None else t.to(DTYPES.get(dtype) or getattr(torch, dtype))
 
 
 def timestep_label(t: torch.Tensor) -> str:
@@ -66,13 +67,19 @@ timestep_embedding = Kata(
     "vs Timesteps, the UNets' settings",
     cases=[dict(embedding_dim=320, timesteps="int", batch=6),
            dict(embedding_dim=32, timesteps="fractional", batch=5),
-           dict(embedding_dim=33, timesteps="int", batch=4)],
+           dict(embedding_dim=33, timesteps="int", batch=4),
+           # Timesteps in other dtypes: diffusers casts them to float32 first (timesteps[:, None].float()),
+           # so the embedding is float32 whatever they come in (float64 from a numpy-built schedule, int32
+           # from an index, float16 from a half-precision pipeline).
+           dict(embedding_dim=64, timesteps="fractional", batch=5, dtype="float64"),
+           dict(embedding_dim=40, timesteps="int", batch=4, dtype="int32"),
+           dict(embedding_dim=48, timesteps="fractional", batch=4, dtype="float16")],
     tol=EMBED_ANGLE,
 )
 def _(case, g):
     # UNet2DConditionModel's time_proj: Timesteps(block_out_channels[0], flip_sin_to_cos=True, freq_shift=0).
     # Only timesteps and the width are passed: the kata's defaults must be those settings.
-    t = draw_timesteps(case["timesteps"], case["batch"], g)
+    t = draw_timesteps(case["timesteps"], case["batch"], g, case.get("dtype"))
     time_proj = Timesteps(case["embedding_dim"], flip_sin_to_cos=True, downscale_freq_shift=0)
     return Scenario(inputs=dict(timesteps=t, embedding_dim=case["embedding_dim"]),
                     expected=time_proj(t.clone()), label=timestep_label(t))
@@ -87,12 +94,14 @@ def _(case, g):
              batch=5),
         dict(embedding_dim=17, flip_sin_to_cos=False, downscale_freq_shift=0, max_period=1000,
              timesteps="fractional", batch=3),
+        dict(embedding_dim=96, flip_sin_to_cos=True, downscale_freq_shift=1, scale=2.5, max_period=500,
+             timesteps="unit", batch=4, dtype="float64"),
     ],
     tol=EMBED_ANGLE,
 )
 def _(case, g):
-    options = {k: v for k, v in case.items() if k not in ("timesteps", "batch")}
-    t = draw_timesteps(case["timesteps"], case["batch"], g)
+    options = {k: v for k, v in case.items() if k not in ("timesteps", "batch", "dtype")}
+    t = draw_timesteps(case["timesteps"], case["batch"], g, case.get("dtype"))
     return Scenario(inputs=dict(timesteps=t, **options), expected=get_timestep_embedding(t.clone(), **options),
                     label=timestep_label(t))
 
@@ -137,6 +146,19 @@ def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, 
 def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
     return _sinusoid(timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period,
                      layout="reversed")
+
+
+@timestep_embedding.trap("the timesteps not cast to float32 (the output follows their dtype)",
+                         hint="diffusers computes the angles as timesteps[:, None].float() * freqs: the embedding "
+                              "is float32 whatever dtype the timesteps come in (float64, float16, integers).")
+def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
+    half = embedding_dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32)
+                      / (half - downscale_freq_shift))
+    angles = scale * (timesteps[:, None] * freqs[None, :])  # float64 timesteps promote the product to float64
+    first, second = (angles.cos(), angles.sin()) if flip_sin_to_cos else (angles.sin(), angles.cos())
+    emb = torch.cat([first, second], dim=-1)
+    return F.pad(emb, (0, 1)) if embedding_dim % 2 else emb
 
 
 @timestep_embedding.trap("frequencies divided by half − 1 (get_timestep_embedding's default shift of 1)",

@@ -38,12 +38,24 @@ def sd_layout_unet(sample_size: int = 16) -> UNet2DConditionModel:
     ).eval()
 
 
+def flat_unet(sample_size: int = 8) -> UNet2DConditionModel:
+    """One down block, no downsampler, conv_in as wide as the block: all 3 skips share one shape, so only
+    their values tell them apart (a residual added to the wrong skip shows, it cannot crash)."""
+    return UNet2DConditionModel(
+        sample_size=sample_size, in_channels=tiny.LATENT_CHANNELS, out_channels=tiny.LATENT_CHANNELS,
+        layers_per_block=2, block_out_channels=(8,), norm_num_groups=4,
+        down_block_types=("CrossAttnDownBlock2D",), up_block_types=("CrossAttnUpBlock2D",),
+        cross_attention_dim=tiny.TEXT_DIM, attention_head_dim=4,
+    ).eval()
+
+
 # layout -> (UNet builder, the control image embedding's channels, control image size / latent size).
 # Each stride-2 conv of the embedding halves the image: (4, 8) halves it once, SD's four entries
 # three times (x8, as a 512-pixel image maps to a 64-latent).
 LAYOUTS = {
     "tiny": (tiny.unet_cond, (4, 8), 2),
     "sd": (sd_layout_unet, (4, 4, 8, 8), 8),
+    "flat": (flat_unet, (4, 8), 2),
 }
 
 
@@ -384,8 +396,11 @@ def residual_scenario(case: dict, g, fresh: bool) -> Scenario:
 
 @add_control_residuals.check(
     "vs UNet2DConditionModel.forward",
-    cases=[dict(layout="tiny", batch=2, size=8, t=999), dict(layout="tiny", batch=1, size=16, t=0),
-           dict(layout="sd", batch=2, size=16), dict(layout="tiny", batch=2, size=8, dtype="float16")],
+    # "flat" first: its skips all have one shape, so a residual on the wrong skip gives wrong values (named
+    # below) instead of a shape error.
+    cases=[dict(layout="flat", batch=2, size=8), dict(layout="tiny", batch=2, size=8, t=999),
+           dict(layout="tiny", batch=1, size=16, t=0), dict(layout="sd", batch=2, size=16),
+           dict(layout="tiny", batch=2, size=8, dtype="float16")],
     tol=EXACT)
 def _(case, g):
     return residual_scenario(case, g, fresh=False)
@@ -418,6 +433,15 @@ def _(skip_samples, mid_input, mid_block, down_residuals, mid_residual):
 def _(skip_samples, mid_input, mid_block, down_residuals, mid_residual):
     return (tuple(s + r for s, r in zip(skip_samples, down_residuals)),
             mid_block(mid_input + down_residuals[-1]) + mid_residual)
+
+
+@add_control_residuals.trap("the down residuals added in reversed order (the last residual on the first skip)",
+                            hint="down_residuals come in the same order as skip_samples, shallowest first: "
+                                 "residual i goes onto skip i (zip them as they are). Only the up blocks read "
+                                 "the skips from the end.")
+def _(skip_samples, mid_input, mid_block, down_residuals, mid_residual):
+    return (tuple(s + r for s, r in zip(skip_samples, list(down_residuals)[::-1])),
+            mid_block(mid_input) + mid_residual)
 
 
 @add_control_residuals.trap("the skips returned in the order the up blocks use them (reversed)",

@@ -129,14 +129,25 @@ TILE_CASES = [
     dict(latent=(17, 17), tile=6, overlap=0.5, batch=1),
     dict(latent=(21, 11), tile=8, overlap=0.3, batch=1),
     dict(latent=(8, 8), tile=8, overlap=0.25, batch=2),
+    # A float16 VAE: the output stays in the decoder's dtype (an output allocated in float32 is wrong).
+    dict(latent=(11, 19), tile=8, overlap=0.25, batch=1, dtype="float16"),
 ]
+
+
+@functools.cache
+def _vae8_half():
+    """The same x8 tiny VAE in float16 (CPU float16 convolutions and group norms run in torch 2.x)."""
+    import copy
+
+    return copy.deepcopy(_vae8()).half()
 
 
 @tiled_decode.check("vs AutoencoderKL.tiled_decode", cases=TILE_CASES, tol=TILE_BLEND)
 def _(case, g):
-    vae = _vae8()
+    half = case.get("dtype") == "float16"
+    vae = _vae8_half() if half else _vae8()
     configure_tiling(vae, case["tile"], case["overlap"])
-    z = torch.randn((case["batch"], 4) + case["latent"], generator=g)
+    z = torch.randn((case["batch"], 4) + case["latent"], generator=g).to(torch.float16 if half else torch.float32)
     with torch.no_grad():
         expected = vae.tiled_decode(z).sample
     name = f"tiled_decode-{case['latent'][0]}x{case['latent'][1]}-t{case['tile']}-o{case['overlap']}"
@@ -172,6 +183,23 @@ def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_ne
 @torch.no_grad()
 def _(vae, latents, tile_latent_size, overlap_factor):
     return _tiles(vae, latents, tile_latent_size, overlap_factor, fresh_neighbours=True)
+
+
+@tiled_decode.trap("the output in float32 although the decoder (and its tiles) are float16",
+                   hint="Allocate the output in the tiles' dtype (tile.new_empty(...), or dtype=tile.dtype): "
+                        "diffusers' tiled_decode returns what the decoder makes, float16 for a float16 VAE.")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor).float()
+
+
+@tiled_decode.trap("the whole latent decoded at once (untiled decode)",
+                   hint="Tiled decode is graded against tiled_decode, not decode: each tile is decoded on its "
+                        "own (its GroupNorm statistics are the tile's), so the two differ by far more than "
+                        "rounding. Decode tile by tile and blend the seams.")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return vae.decoder(vae.post_quant_conv(latents))
 
 
 @tiled_decode.trap("tiles cropped and placed without blending (seams)",
@@ -337,35 +365,51 @@ chunked_attention = Kata(
     forbidden_ops=("scaled_dot_product", "flash_attention", "efficient_attention"),
 )
 
+# shape = (*batch dims, Lq, Lk, d) with the query/key width d; dv, when given, is the value's width
+# (cross-attention projects values to their own width: the default scale is 1/√d of the QUERY).
+# mask: None, "bool" / "float" (one row per query), "bool-keys" (one row for every query: its query
+# axis is 1, so it must be broadcast before it is cut into query chunks), "float-keys" likewise.
 ATTN_CASES = [
     dict(shape=(2, 4, 64, 64, 16), chunk=16, mask=None),
     dict(shape=(1, 2, 50, 77, 8), chunk=7, mask="bool"),
     dict(shape=(2, 1, 33, 33, 4), chunk=1, mask="float"),
     dict(shape=(1, 3, 40, 20, 8), chunk=64, mask="bool-keys", scale=0.3),
+    dict(shape=(2, 2, 37, 29, 8), dv=20, chunk=10, mask=None),
+    dict(shape=(3, 45, 23, 16), dv=6, chunk=8, mask="bool-keys"),  # (B, L, D) with a (B, 1, Lk) mask
+    dict(shape=(2, 3, 41, 19, 12), dv=5, chunk=16, mask="float-keys"),  # a (B, 1, 1, Lk) float mask
+    dict(shape=(2, 2, 30, 26, 6), dv=10, chunk=9, mask="bool", scale=0.45),
 ]
 
 
 @chunked_attention.check("vs F.scaled_dot_product_attention", cases=ATTN_CASES, tol=STEP_MATH)
 def _(case, g):
-    b, h, lq, lk, d = case["shape"]
-    q, k, v = (torch.randn(s, generator=g) for s in ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d)))
+    *batch, lq, lk, d = case["shape"]
+    batch, dv = tuple(batch), case.get("dv", d)
+    q, k, v = (torch.randn(s, generator=g) for s in (batch + (lq, d), batch + (lk, d), batch + (lk, dv)))
     mask = None
+    per_batch = batch[:1] + (1,) * (len(batch) - 1)  # (B, 1, …): one mask per sample, shared by the heads
     if case["mask"] == "bool":
-        mask = torch.rand((b, 1, lq, lk), generator=g) > 0.3
+        mask = torch.rand(per_batch + (lq, lk), generator=g) > 0.3
         mask[..., 0] = True  # every query keeps a key: an all-masked row is NaN in any implementation
     elif case["mask"] == "bool-keys":
-        mask = torch.rand((1, 1, 1, lk), generator=g) > 0.5
+        mask = torch.rand(per_batch + (1, lk), generator=g) > 0.5
         mask[..., 0] = True
     elif case["mask"] == "float":
-        mask = torch.randn((1, 1, lq, lk), generator=g)
+        mask = torch.randn((1,) * len(batch) + (lq, lk), generator=g)
+    elif case["mask"] == "float-keys":
+        mask = torch.randn(per_batch + (1, lk), generator=g)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.get("scale"))
     return Scenario(inputs=dict(query=q, key=k, value=v, chunk_size=case["chunk"], attn_mask=mask,
                                 scale=case.get("scale")), expected=expected)
 
 
-def _naive(query, key, value, attn_mask, scale, softmax):
+def _naive(query, key, value, attn_mask, scale, softmax, mask_after=False):
     s = query.shape[-1] ** -0.5 if scale is None else scale
     scores = query @ key.transpose(-2, -1) * s
+    if attn_mask is not None and mask_after:
+        weights = softmax(scores)
+        weights = weights * attn_mask if attn_mask.dtype == torch.bool else weights + attn_mask
+        return weights @ value
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
     return softmax(scores) @ value
@@ -387,6 +431,21 @@ def _(query, key, value, chunk_size, attn_mask=None, scale=None):
                         hint="Scores are Q Kᵀ/√d unless a scale is given: without it the softmax is far too peaked.")
 def _(query, key, value, chunk_size, attn_mask=None, scale=None):
     return _naive(query, key, value, attn_mask, 1.0 if scale is None else scale, lambda s: s.softmax(-1))
+
+
+@chunked_attention.trap("the default scale taken from the value's width (1/√d_v instead of 1/√d)",
+                        hint="The scores are Q Kᵀ: their scale is 1/√d with d the width of the queries and keys, "
+                             "query.shape[-1]. Values may be wider or narrower (cross-attention).")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, value.shape[-1] ** -0.5 if scale is None else scale,
+                  lambda s: s.softmax(-1))
+
+
+@chunked_attention.trap("the mask applied after the softmax instead of before",
+                        hint="The mask changes the SCORES: add a float mask (or set −inf where a bool mask is "
+                             "False) before the softmax, so the weights of each query still sum to 1.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-1), mask_after=True)
 
 
 @chunked_attention.trap("softmax over the query axis instead of the key axis",

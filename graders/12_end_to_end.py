@@ -25,12 +25,27 @@ SCHEDULERS = {
 PIPELINE_KEYS = ("diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",)
 
 
+def _built_with_channels(channels: int):
+    """tiny's UNet and x2 VAE with another latent width (SD3 and Flux use 16): the same configs, with
+    in/out_channels and latent_channels changed. A pipeline reads the width from unet.config.in_channels."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+
+    unet_config = dict(tiny.unet_cond().config, in_channels=channels, out_channels=channels)
+    vae_config = dict(tiny.vae().config, latent_channels=channels)
+    return UNet2DConditionModel.from_config(unet_config).eval(), AutoencoderKL.from_config(vae_config).eval()
+
+
 @functools.cache
-def _models(dtype_name: str):
-    """The tiny UNet and VAE, built once per dtype from a fixed seed (the pipeline does not train them)."""
+def _models(dtype_name: str, channels: int = tiny.LATENT_CHANNELS):
+    """The tiny UNet and VAE, built once per dtype (and latent width) from a fixed seed (the pipeline does
+    not train them)."""
     state = torch.random.get_rng_state()
     torch.manual_seed(1234)
-    unet, vae = tiny.unet_cond(), tiny.vae()
+    if channels == tiny.LATENT_CHANNELS:
+        unet, vae = tiny.unet_cond(), tiny.vae()
+    else:
+        unet, vae = _built_with_channels(channels)
     torch.random.set_rng_state(state)
     if dtype_name == "float16":
         unet, vae = unet.half(), vae.half()  # nn.Module.half: ModelMixin.to logs a from_pretrained warning
@@ -40,7 +55,7 @@ def _models(dtype_name: str):
 def record_run(case: dict, g: torch.Generator, output_type: str):
     """One pipeline call, recorded. Returns (pipe, inputs for the learner, record dict, output, seed)."""
     dtype = DTYPES[case.get("dtype", "float32")]
-    unet, vae = _models(case.get("dtype", "float32"))
+    unet, vae = _models(case.get("dtype", "float32"), case.get("latent_channels", tiny.LATENT_CHANNELS))
     pipe = tiny.sd_pipeline(SCHEDULERS[case["scheduler"]](), unet, vae)
     # The learner's scheduler: the pipeline's own (whose config __init__ rewrote), untouched by the run.
     learner_scheduler = copy.deepcopy(pipe.scheduler)
@@ -82,6 +97,8 @@ CASES = [
     dict(scheduler="DDIM", batch=2, height=16, width=24, steps=4, guidance_scale=5.0, eta=1.0, guidance_rescale=0.7),
     dict(scheduler="Euler leading", batch=2, height=16, width=16, steps=3, guidance_scale=7.5),
     dict(scheduler="DDIM", batch=2, height=16, width=16, steps=3, guidance_scale=4.0, dtype="float16", eta=0.5),
+    # Latents 3 channels wide (SD's 4 is a config value: SD3 and Flux use 16): a hard-coded 4 fails here.
+    dict(scheduler="Euler leading", batch=2, height=24, width=32, steps=4, guidance_scale=6.0, latent_channels=3),
 ]
 
 
@@ -169,7 +186,7 @@ text_to_image = Kata(
 @text_to_image.check("vs StableDiffusionPipeline images", cases=CASES, tol=MODEL_FORWARD)
 def _(case, g):
     pipe, inputs, rec, out, seed = record_run(case, g, "pt")
-    inputs.update(vae=_models(case.get("dtype", "float32"))[1],
+    inputs.update(vae=_models(case.get("dtype", "float32"), case.get("latent_channels", tiny.LATENT_CHANNELS))[1],
                   height=case["height"], width=case["width"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed),
                   eta=case.get("eta", 0.0), guidance_rescale=case.get("guidance_rescale", 0.0))
@@ -244,11 +261,11 @@ def _records(rec, images):
             b("decoded", rec["decoded"]), b("image", images)]
 
 
-@inference_trace.check("vs the pipeline's own boundaries", cases=[CASES[0], CASES[2], CASES[3]], tol=EXACT)
+@inference_trace.check("vs the pipeline's own boundaries", cases=[CASES[0], CASES[2], CASES[3], CASES[4]], tol=EXACT)
 def _(case, g):
     case = dict(case, eta=0.0, guidance_rescale=0.0)
     pipe, inputs, rec, out, seed = record_run(case, g, "pt")
-    inputs.update(vae=_models(case.get("dtype", "float32"))[1],
+    inputs.update(vae=_models(case.get("dtype", "float32"), case.get("latent_channels", tiny.LATENT_CHANNELS))[1],
                   height=case["height"], width=case["width"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed))
     return Scenario(inputs=inputs, expected=_records(rec, out.images), label=f"{case['scheduler']}")
@@ -273,11 +290,12 @@ def _traced(kw, unet_input_batch=2, cond_batch=2):
     f = 2 ** (len(kw["vae"].config.block_out_channels) - 1)
     h, w = kw["height"] // f, kw["width"] // f
     L, D = kw["prompt_embeds"].shape[1:]
+    C = kw["unet"].config.in_channels
 
     def b(name, shape):
         return {"boundary": name, "shape": shape, "dtype": str(dtype), "device": "cpu"}
 
-    return [b("conditioning", (cond_batch * B, L, D)), b("initial latents", (B, 4, h, w)),
-            b("unet input", (unet_input_batch * B, 4, h, w)), b("unet output", (2 * B, 4, h, w)),
-            b("guided noise", (B, 4, h, w)), b("final latents", (B, 4, h, w)),
+    return [b("conditioning", (cond_batch * B, L, D)), b("initial latents", (B, C, h, w)),
+            b("unet input", (unet_input_batch * B, C, h, w)), b("unet output", (2 * B, C, h, w)),
+            b("guided noise", (B, C, h, w)), b("final latents", (B, C, h, w)),
             b("decoded", (B, 3, kw["height"], kw["width"])), b("image", (B, 3, kw["height"], kw["width"]))]

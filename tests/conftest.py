@@ -93,7 +93,7 @@ def grade_mutant(graders_loaded, pytester: pytest.Pytester):
         reports = [r for r in recorder.getreports("pytest_runtest_logreport")
                    if r.nodeid.startswith(f"katas/{lab}.py::{function}[") and hasattr(r, "kata_status")]
         assert reports, f"no kata items graded for {function}"
-        rank = {"failed": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
+        rank = {"failed": 5, "waiting": 4, "over budget": 3, "todo": 2, "skipped": 1, "passed": 0}
         status = max((r.kata_status for r in reports), key=rank.__getitem__)
         text = "\n".join(str(r.longrepr) for r in reports if r.longrepr)
         reasons = frozenset(r.kata_reason for r in reports if r.kata_status != "passed")

@@ -26,6 +26,16 @@ MUTANTS = [
     ("guidance_combine",  # right in float32, off in the float16 case
      "return (1 - guidance_scale) * noise_uncond + guidance_scale * noise_text",
      "(1 − s)·ε_u + s·ε_c"),
+    ("guidance_combine",  # the pipeline's "no guidance at s ≤ 1" moved into the formula: wrong at s = 0.5
+     """
+     if guidance_scale <= 1:
+         return noise_text
+     return noise_uncond + guidance_scale * (noise_text - noise_uncond)
+     """,
+     "no guidance below s = 1"),
+    ("guidance_combine",  # clamped to s ≥ 1: right at 1 and above, wrong at 0 and 0.5
+     "return noise_uncond + max(guidance_scale, 1.0) * (noise_text - noise_uncond)",
+     "no guidance below s = 1"),
     ("guidance_combine",  # the average of the branches, scaled: no trap, still wrong
      "return guidance_scale * (noise_uncond + noise_text) / 2",
      Fails("wrong", "values differ")),
@@ -113,6 +123,30 @@ MUTANTS = [
      return noise.chunk(2)[1]
      """,
      "the text prediction alone"),
+    ("guided_noise",  # no shortcut at s ≤ 1: the same as the pipeline at s = 1 only
+     """
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     if guidance_rescale > 0:
+         guided = rescale_guidance(guided, noise_text, guidance_rescale)
+     return guided
+     """,
+     "guidance applied at guidance_scale ≤ 1"),
+    ("guided_noise",  # the shortcut taken only at exactly s = 1
+     """
+     if guidance_scale == 1:
+         return text_noise(unet, latents, timestep, prompt_embeds)
+     noise = unet(torch.cat([latents, latents]), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     if guidance_rescale > 0:
+         guided = rescale_guidance(guided, noise_text, guidance_rescale)
+     return guided
+     """,
+     "guidance applied at guidance_scale ≤ 1"),
     ("guided_noise",  # latents not doubled: the UNet sees B latents against 2B prompts and fails
      """
      noise = unet(latents, timestep,
@@ -146,12 +180,14 @@ EQUIVALENT = [
               / noise_cfg.var(dim=dims, correction=0, keepdim=True)).sqrt()
      return noise_cfg * (guidance_rescale * ratio + 1 - guidance_rescale)
      """),
-    ("guided_noise",  # no shortcut at guidance_scale ≤ 1, keyword arguments, return_dict=False
+    ("guided_noise",  # the s ≤ 1 shortcut on 2B (accepted), keyword arguments, return_dict=False
      """
      noise = unet(sample=torch.cat([latents] * 2), timestep=timestep,
                   encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds]),
                   return_dict=False)[0]
      noise_uncond, noise_text = noise.chunk(2)
+     if guidance_scale <= 1:
+         return noise_text
      guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
      return rescale_guidance(guided, noise_text, guidance_rescale)
      """),

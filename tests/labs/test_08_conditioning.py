@@ -59,6 +59,14 @@ MUTANTS = [
     ("timestep_embedding",  # the embedding left in float64
      body(ANGLES.replace("timesteps[:, None].float()", "timesteps[:, None].double()"), CAT, PAD),
      Fails("wrong", "has dtype")),
+    ("timestep_embedding",  # the timesteps never cast: float64 timesteps make a float64 embedding
+     body(ANGLES.replace("timesteps[:, None].float()", "timesteps[:, None]"), CAT, PAD),
+     "the timesteps not cast to float32"),
+    ("timestep_embedding",  # the frequencies built in the timesteps' dtype (float16 angles for float16 timesteps)
+     body(ANGLES.replace("timesteps[:, None].float()", "timesteps[:, None]")
+                .replace("dtype=torch.float32", "dtype=timesteps.dtype if timesteps.is_floating_point() else None"),
+          CAT, PAD),
+     Fails("wrong", "timesteps")),
     ("patchify",
      """
      B, C, H, W = latents.shape

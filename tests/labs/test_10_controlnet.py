@@ -112,12 +112,21 @@ MUTANTS = [
      return skips[::-1], mid_block(mid_input) + mid_residual
      """,
      "the skips returned in the order the up blocks use them"),
-    ("add_control_residuals",  # residuals in reverse order: the shapes do not even line up
+    ("add_control_residuals",  # residuals in reverse order: caught by value where every skip has one shape
      """
      skips = tuple(s + r for s, r in zip(skip_samples, reversed(down_residuals)))
      return skips, mid_block(mid_input) + mid_residual
      """,
-     Fails("crash", "raised RuntimeError")),
+     "the down residuals added in reversed order"),
+    ("add_control_residuals",  # reversed only where the shapes allow it: no shape error anywhere
+     """
+     rev = list(reversed(down_residuals))
+     if all(r.shape == s.shape for r, s in zip(rev, skip_samples)):
+         down_residuals = rev
+     skips = tuple(s + r for s, r in zip(skip_samples, down_residuals))
+     return skips, mid_block(mid_input) + mid_residual
+     """,
+     "the down residuals added in reversed order"),
     ("controlnet_cfg_step",
      STEP.format(control=BOTH_HALVES, pad="", guide=GUIDED),
      "guess mode: ControlNet run on both halves"),

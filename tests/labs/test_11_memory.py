@@ -22,6 +22,22 @@ DIFFUSERS_STYLE_TILED_DECODE = """
     return torch.cat(out_rows, dim=2)
 """
 
+def solution_block(function: str) -> str:
+    """The solution's own body of `function`, for mutants that change one line of it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "solutions" / f"{LAB}.py").read_text(encoding="utf-8")
+    start = text.index("# BEGIN SOLUTION", text.index(f"def {function}("))
+    end = text.index("# END SOLUTION", start)
+    return "\n".join(text[start:end].splitlines()[1:])
+
+
+def changed(function: str, old: str, new: str) -> str:
+    body = solution_block(function)
+    assert old in body, f"{old!r} is not in the solution of {function}"
+    return body.replace(old, new)
+
+
 MUTANTS = [
     ("blend_seam", """
         e = min(first.shape[dim], second.shape[dim], extent)
@@ -49,7 +65,26 @@ MUTANTS = [
     ("tiled_decode", """
         # untiled decode: the right shape only when the tiles divide evenly, and never the same values
         return vae.decoder(vae.post_quant_conv(latents))
-     """, Fails("wrong", "values differ")),
+     """, "the whole latent decoded at once"),
+    ("tiled_decode",  # the output allocated with torch.empty's default dtype: float32 for a float16 VAE
+     changed("tiled_decode", "tile.new_empty(B, tile.shape[1], sum(heights), sum(widths))",
+             "torch.empty(B, tile.shape[1], sum(heights), sum(widths))"),
+     "the output in float32 although the decoder"),
+    ("chunked_attention",  # the default scale from the value's width: right only when d_v = d
+     changed("chunked_attention", "d = query.shape[-1]", "d = value.shape[-1]"),
+     "the default scale taken from the value's width"),
+    ("chunked_attention",  # the mask cut by query rows without broadcasting it first: a (B, 1, Lk) mask
+     changed("chunked_attention", "mask = attn_mask.expand(query.shape[:-2] + (lq, key.shape[-2]))",
+             "mask = attn_mask"),
+     Fails("crash", "RuntimeError")),
+    ("chunked_attention",  # the mask applied to the weights after the softmax
+     """
+     s = query.shape[-1] ** -0.5 if scale is None else scale
+     w = (query @ key.transpose(-2, -1) * s).softmax(-1)
+     if attn_mask is not None:
+         w = w * attn_mask if attn_mask.dtype == torch.bool else w + attn_mask
+     return w @ value
+     """, "the mask applied after the softmax"),
     ("tiled_decode", DIFFUSERS_STYLE_TILED_DECODE.replace("int(t * (1 - overlap_factor))",
                                                           "round(t * (1 - overlap_factor))"), Fails("wrong", "has shape")),
     ("sliced_decode", "return torch.cat([vae.decoder(latents[b:b + 1]) for b in range(latents.shape[0])])",

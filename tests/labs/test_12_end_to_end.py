@@ -48,6 +48,15 @@ MUTANTS = [
                           guidance_scale, generator, eta, guidance_rescale)
         return vae_lab.decode_latents(vae, latents)
      """, "the decoder's [−1, 1] output returned without postprocessing"),
+    ("text_to_image", """
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], 4, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, generator, eta, guidance_rescale)
+        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
+     """, Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
     ("inference_trace", """
         trace = [boundary("conditioning", prompt_embeds)]
         scheduler.set_timesteps(num_inference_steps)

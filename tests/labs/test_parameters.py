@@ -1,0 +1,199 @@
+"""Every declared parameter of a graded function is exercised: for each check of labs 04-12, the check's
+cases give each parameter of the solution function at least two different values (for tensors: two
+shapes or dtypes; numbers compared with their type, so 8 and 8.0 differ). A parameter that cannot vary
+within a check is listed in FIXED with the reason. An entry for a parameter that does vary fails too,
+so the list stays true.
+
+The scenarios are built as the plugin builds them (the same seeding), without running any learner code.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusion_katas.core.course import load_module
+
+REPO = Path(__file__).resolve().parents[2]
+LABS = ["04_classifier_free_guidance", "05_sampling_loop", "06_vae_latents", "07_pipeline_components",
+        "08_conditioning", "09_lora", "10_controlnet", "11_memory", "12_end_to_end"]
+SEED = 1234
+
+MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
+
+# (lab, function, check) -> {parameter: why it takes one value in that check}
+FIXED: dict[tuple[str, str, str], dict[str, str]] = {}
+
+
+def fixed(lab: str, function: str, check: str, **reasons: str) -> None:
+    FIXED.setdefault((lab, function, check), {}).update(reasons)
+
+
+GENERATOR = ("a seeded torch.Generator in every case (its seed changes with the case); generator=None and lists "
+             "of generators are graded in lab 07's prepare_latents")
+SINGLE = "a single-case check by design: it pins one situation (its own check name says which)"
+L05, L06, L07, L08, L09, L10, L11, L12 = ("05_sampling_loop", "06_vae_latents", "07_pipeline_components",
+                                          "08_conditioning", "09_lora", "10_controlnet", "11_memory",
+                                          "12_end_to_end")
+
+# ---- lab 04 -------------------------------------------------------------------------------------------
+
+# ---- lab 05 -------------------------------------------------------------------------------------------
+fixed(L05, "initial_noise", "vs the pipeline's first UNet input", generator=GENERATOR)
+fixed(L05, "initial_noise", "vs randn_tensor, more shapes", generator=GENERATOR)
+for _check in ("vs DDPMPipeline, pre-clamp sample", "vs DDIMPipeline, η 0/½/1, pre-clamp"):
+    fixed(L05, "sampling_loop", _check, unet="the tiny pixel UNet, wrapped to count calls: " + MODEL,
+          generator=GENERATOR)
+fixed(L05, "sampling_loop", "vs DDPMPipeline, pre-clamp sample",
+      eta="DDPM has no η (DDPMScheduler.step takes none): the default is passed; η is varied in the DDIM check")
+for _check, _scheduler in (("vs DDPMPipeline images, end to end", "DDPMScheduler"),
+                           ("vs DDIMPipeline images, end to end", "DDIMScheduler")):
+    fixed(L05, "generate", _check,
+          unet="the tiny pixel UNet, wrapped to count calls: " + MODEL, generator=GENERATOR,
+          scheduler=f"the check is named for its {_scheduler}; the other check uses the other scheduler",
+          batch_size="one end-to-end run per check (its cost is the whole pipeline); the two checks use "
+                     "batches of 2 and 3",
+          num_inference_steps="one end-to-end run per check; the two checks use 8 and 6 steps, and "
+                              "sampling_loop varies the steps within its checks")
+fixed(L05, "generate", "vs DDPMPipeline images, end to end",
+      eta="DDPM has no η: the default is passed (η is varied by the DDIM checks)")
+fixed(L05, "generate", "vs DDIMPipeline images, end to end",
+      eta="one end-to-end run per check (η = 1, the stochastic end); sampling_loop varies η 0/½/1")
+
+# ---- lab 06 -------------------------------------------------------------------------------------------
+fixed(L06, "encode_latents", "vs _encode_vae_image, sampled", generator=GENERATOR,
+      sample_posterior="the check is the sampled branch (True); the mode check is the other branch")
+fixed(L06, "encode_latents", "vs retrieve_latents(argmax) · s, the mode",
+      sample_posterior="the check is the mode branch (False); the sampled check is the other branch")
+
+# ---- lab 07 -------------------------------------------------------------------------------------------
+fixed(L07, "prepare_latents", "vs prepare_latents, one generator",
+      generator="the check is the one-generator branch; a list and None have checks of their own",
+      latents="no latents given in this check; 'latents given' is its own check")
+fixed(L07, "prepare_latents", "vs prepare_latents, a generator per sample",
+      latents="no latents given in this check; 'latents given' is its own check")
+fixed(L07, "prepare_latents", "vs prepare_latents, generator=None (the global RNG)",
+      generator="the check is the generator=None branch (the global RNG, its end state compared too)",
+      latents="no latents given in this check; 'latents given' is its own check")
+
+# ---- lab 08 -------------------------------------------------------------------------------------------
+for _param in ("flip_sin_to_cos", "downscale_freq_shift", "scale", "max_period"):
+    fixed(L08, "timestep_embedding", "vs Timesteps, the UNets' settings", **{
+        _param: "this check passes only timesteps and the width: the function's defaults must be the "
+                "UNets' settings; 'vs get_timestep_embedding, options' varies every option"})
+
+# ---- lab 09 -------------------------------------------------------------------------------------------
+_LINEAR = "nn.Linear and nn.Conv2d weights are (out, in): fan_in_fan_out is False; the Conv1D check sets it True"
+_CONV1D = "the check is GPT-2-style Conv1D weights, (in, out): fan_in_fan_out is True throughout"
+fixed(L09, "lora_delta", "vs get_delta_weight, Linear and Conv2d", fan_in_fan_out=_LINEAR)
+fixed(L09, "lora_delta", "Conv1D weights, fan_in_fan_out", fan_in_fan_out=_CONV1D)
+fixed(L09, "merge_lora", "vs fuse_lora, every LoRA layer", fan_in_fan_out=_LINEAR)
+fixed(L09, "merge_lora", "two adapters, fused one after the other", fan_in_fan_out=_LINEAR)
+fixed(L09, "unmerge_lora", "vs unfuse_lora, every LoRA layer", fan_in_fan_out=_LINEAR)
+for _function in ("merge_lora", "unmerge_lora"):
+    fixed(L09, _function, "Conv1D weights, fan_in_fan_out", fan_in_fan_out=_CONV1D,
+          lora_A="one Conv1D layer: the layout is what the check is about; shapes vary in the other checks",
+          scaling="one Conv1D layer with one adapter: scalings vary in the other checks")
+fixed(L09, "lora_forward", "vs the same layer after fuse_lora",
+      scaling="one adapter per case with one LoraConfig (α/r) and fuse_lora's default scale; lora_scaling "
+              "grades every way the scale is made")
+
+# ---- lab 10 -------------------------------------------------------------------------------------------
+_HALF = "the float16 check pins the dtype on the tiny layout; shapes vary in the float32 check"
+fixed(L10, "scale_control_residuals", "vs ControlNetModel.forward, float16", down_residuals=_HALF,
+      mid_residual=_HALF)
+fixed(L10, "add_control_residuals", "vs UNet2DConditionModel.forward",
+      mid_block="the UNet's own mid block with its arguments bound (what it is follows the layout, "
+                "which the skips' shapes show varying)")
+for _param in ("skip_samples", "mid_input", "mid_block", "down_residuals", "mid_residual"):
+    fixed(L10, "add_control_residuals", "fresh ControlNet: UNet unchanged", **{_param: SINGLE})
+fixed(L10, "controlnet_cfg_step", "vs StableDiffusionControlNetPipeline",
+      unet="the tiny UNet of the pipeline: " + MODEL, controlnet="ControlNetModel.from_unet of it: " + MODEL)
+
+# ---- lab 11 -------------------------------------------------------------------------------------------
+fixed(L11, "sliced_decode", "vs AutoencoderKL.decode with slicing", vae="the x8 tiny VAE: " + MODEL)
+
+# ---- lab 12 -------------------------------------------------------------------------------------------
+fixed(L12, "denoise", "vs StableDiffusionPipeline latents", generator=GENERATOR)
+fixed(L12, "text_to_image", "vs StableDiffusionPipeline images", generator=GENERATOR)
+fixed(L12, "inference_trace", "vs the pipeline's own boundaries", generator=GENERATOR)
+
+
+def kind(value):
+    """What a value is, for 'does this parameter vary': tensors by shape and dtype (0-dim by value too),
+    numbers by type and value, containers by length and their items' kinds, models by class and config."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype)) + ((value.item(),) if value.ndim == 0 else ())
+    if isinstance(value, (torch.dtype, torch.device)):
+        return (type(value).__name__, str(value))
+    if isinstance(value, torch.Generator):
+        return ("generator",)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, len(value), tuple(kind(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, kind(v)) for k, v in value.items())))
+    inner = getattr(value, "_obj", None) or getattr(value, "model", None) or value  # probes and wrappers
+    config = getattr(inner, "config", None)
+    if config is not None:
+        weights = next(inner.parameters(), None) if isinstance(inner, torch.nn.Module) else None
+        return (type(inner).__name__, repr(sorted(dict(config).items(), key=lambda kv: kv[0])),
+                None if weights is None else str(weights.dtype))
+    return (type(inner).__name__,)
+
+
+def solution_parameters(lab: str) -> dict[str, list[str]]:
+    module = load_module(REPO / "solutions" / f"{lab}.py", f"_params_solution_{lab}")
+    return {name: list(inspect.signature(fn).parameters) for name, fn in vars(module).items()
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__}
+
+
+def check_kinds(check) -> list[dict]:
+    """The kind of every input of every scenario the check builds (the plugin's seeding)."""
+    torch.manual_seed(SEED ^ 0x5EED)
+    g = torch.Generator().manual_seed(SEED)
+    kinds = []
+    for case in check.cases:
+        built = check.build(dict(case), g)
+        for scenario in [built] if not isinstance(built, (list, tuple)) else built:
+            kinds.append({name: kind(value) for name, value in scenario.inputs.items()})
+    return kinds
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_parameter_of_every_check_varies_or_says_why_not(graders_loaded, lab):
+    grader = load_module(REPO / "graders" / f"{lab}.py", f"_params_grader_{lab}")
+    params = solution_parameters(lab)
+    katas = [v for v in vars(grader).values() if type(v).__name__ == "Kata"]
+    assert katas, f"no Kata in graders/{lab}.py"
+    problems = []
+    for kata in katas:
+        for check in kata.checks:
+            if any(getattr(m, "name", "") == "cuda" for m in check.marks):
+                continue
+            kinds = check_kinds(check)
+            reasons = FIXED.get((lab, kata.name, check.name), {})
+            for param in params[kata.name]:
+                seen = {k.get(param, ("default",)) for k in kinds}
+                if len(seen) < 2 and param not in reasons:
+                    shown = str(next(iter(seen)))
+                    shown = shown if len(shown) < 100 else shown[:100] + "…"
+                    problems.append(f"{kata.name} [{check.name}]: `{param}` takes one value in every case "
+                                    f"({shown}): add a case that varies it, or list it in FIXED with the reason")
+                elif len(seen) >= 2 and param in reasons:
+                    problems.append(f"{kata.name} [{check.name}]: `{param}` varies ({len(seen)} values) but FIXED "
+                                    "says it cannot: remove the entry")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_fixed_entry_names_a_real_check_and_parameter(graders_loaded):
+    for (lab, function, check_name), reasons in FIXED.items():
+        grader = load_module(REPO / "graders" / f"{lab}.py", f"_params_grader_{lab}")
+        kata = getattr(grader, function)
+        assert check_name in [c.name for c in kata.checks], (lab, function, check_name)
+        params = solution_parameters(lab)[function]
+        assert set(reasons) <= set(params), (lab, function, set(reasons) - set(params))
+        assert all(len(r) > 20 for r in reasons.values()), "a reason is a sentence"
