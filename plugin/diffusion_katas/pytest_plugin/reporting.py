@@ -229,7 +229,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     left_out = _not_graded(session, labs)
     if left_out:
         tr.write_line(f"  not graded in this run (deselected): {left_out}. The table counts only what ran; "
-                      f"`python -m pytest {session.rel(session.kata_dir)}` grades everything.", yellow=True)
+                      f"`python -m pytest {session.rel(session.kata_dir)}"
+                      f"{' --solutions' if session.grade_solutions else ''}` grades everything.", yellow=True)
     if next_up is None and left_out:
         tr.write_line("  every graded check passes.", green=True, bold=True)
         return
