@@ -57,7 +57,7 @@ class MaintainerError(Exception):
 
 def _course(args) -> Course:
     try:
-        return Course(Path(args.root)) if args.root else Course.find()
+        return Course.at(args.root)
     except CourseNotFound as exc:
         raise MaintainerError(str(exc)) from None
 

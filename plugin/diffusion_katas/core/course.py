@@ -101,6 +101,18 @@ class Course:
             f"no diffusion-katas course at or above {here}: run this inside a course folder (one holding "
             "katas/ and graders/), or pass --root")
 
+    @classmethod
+    def at(cls, root: str | Path | None) -> "Course":
+        """The course a command works on: the folder given (--root), which must be one, or else the one at or
+        above the working directory. CourseNotFound says why not."""
+        if root is None:
+            return cls.find()
+        folder = Path(root).resolve()
+        if not cls.is_course(folder):
+            raise CourseNotFound(f"--root {root}: not a diffusion-katas course folder (it needs graders/ with lab "
+                                 "graders, and katas/ or solutions/ beside it)")
+        return cls(folder)
+
     @property
     def has_graders(self) -> bool:
         return bool(lab_files(self.graders))

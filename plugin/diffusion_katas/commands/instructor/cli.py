@@ -33,7 +33,7 @@ from diffusion_katas.core.results import validate_gradescope  # noqa: F401  (the
 def _course(args) -> Course:
     """The course at --root, or the one found at or above the working directory."""
     try:
-        return Course(Path(args.root)) if args.root else Course.find()
+        return Course.at(args.root)
     except CourseNotFound as exc:
         raise InstructorError(str(exc)) from None
 

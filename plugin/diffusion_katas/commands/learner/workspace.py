@@ -19,12 +19,10 @@ class LearnerError(Exception):
 
 def open_course(root: Path | None) -> Course:
     """The course at `root` (--root), or the one found at or above the working directory."""
-    if root is None:
-        try:
-            return Course.find()
-        except CourseNotFound as exc:
-            raise LearnerError(str(exc)) from None
-    course = Course(Path(root))
+    try:
+        course = Course.at(root)
+    except CourseNotFound as exc:
+        raise LearnerError(str(exc)) from None
     if not course.katas.is_dir():
         raise LearnerError(f"there is no katas/ folder in {course.root}: --root must be the course folder "
                            "(the one that holds katas/ and graders/)")
