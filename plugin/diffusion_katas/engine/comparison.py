@@ -79,12 +79,18 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
         return None if actual == expected and type(actual) is type(expected) else (
             f"{where} should be {expected!r}, got {describe(actual)}")
     if isinstance(expected, (int, float)):
-        if isinstance(actual, torch.Tensor) and actual.numel() == 1:
-            actual = actual.item()
+        # The reference answers with a Python number: so must the learner. A one-element tensor is not a
+        # float (it carries a dtype and a device into every later use), and 8.0 is not the integer 8.
         if not isinstance(actual, (int, float)) or isinstance(actual, bool):
-            return f"{where} should be a number like {expected!r}, got {describe(actual)}"
-        if isinstance(expected, int) and not isinstance(expected, bool) and actual != expected:
-            return f"{where} should be {expected}, got {actual!r}"
+            return (f"{where} should be a Python {type(expected).__name__} like {expected!r}, got {describe(actual)}"
+                    + (" (use .item() to take the number out of a tensor)" if isinstance(actual, torch.Tensor)
+                       else ""))
+        if isinstance(expected, int) and not isinstance(expected, bool):
+            if not isinstance(actual, int):
+                return f"{where} should be the integer {expected}, got {actual!r} (a {type(actual).__name__})"
+            if actual != expected:
+                return f"{where} should be {expected}, got {actual!r}"
+            return None
         if not math.isfinite(actual) and math.isfinite(expected):
             return f"{where} is {actual!r}; expected {_fmt(expected)}"
         if abs(actual - expected) > tol.atol + tol.rtol * abs(expected):
