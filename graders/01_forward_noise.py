@@ -133,9 +133,9 @@ alphas_cumprod = Kata(
 
 @alphas_cumprod.check("vs DDPMScheduler.alphas_cumprod",
                       cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
-                             dict(schedule="squaredcos_cap_v2")], tol=SCHEDULE)
+                             dict(schedule="squaredcos_cap_v2"), dict(schedule="linear", T=37)], tol=SCHEDULE)
 def _(case, g):
-    s = scheduler(case["schedule"])
+    s = scheduler(case["schedule"], num_train_timesteps=case.get("T", 1000))
     return Scenario(inputs=dict(betas=s.betas.clone()), expected=s.alphas_cumprod,
                     exact=torch.cumprod(1.0 - s.betas.double(), dim=0))
 
@@ -163,11 +163,12 @@ NOISE_CASES = [
     dict(shape=(3, 4, 16, 16), dtype="float32", schedule="linear"),
     dict(shape=(5, 4, 8, 8), dtype="float16", schedule="scaled_linear"),
     dict(shape=(2, 6), dtype="float32", schedule="squaredcos_cap_v2"),
+    dict(shape=(3, 5, 7), dtype="float32", schedule="linear", T=250),  # a schedule other than T = 1000
 ]
 
 
 def noise_scenario(case, g, method: str) -> Scenario:
-    s = scheduler(case["schedule"])
+    s = scheduler(case["schedule"], num_train_timesteps=case.get("T", 1000))
     dtype = DTYPES[case["dtype"]]
     B = case["shape"][0]
     x0 = torch.randn(case["shape"], generator=g).to(dtype)

@@ -248,11 +248,14 @@ DDIM_CASES = [
          schedule="zsnr", shape=(2, 4, 8, 8)),
     dict(prediction_type="sample", eta=0.3, clip_sample=True, n=10, spacing="linspace", shape=(2, 4, 8, 8)),
     dict(prediction_type="v_prediction", eta=0.0, clip_sample=True, n=20, schedule="ddpm", shape=(2, 4, 8, 8)),
+    # T = 500 (a hard-coded 1000 fails), and C·H·W = 105, not a multiple of 16: one draw per sample then
+    # differs from one draw for the batch, so η > 0 shows which the step does.
+    dict(prediction_type="epsilon", eta=0.7, clip_sample=False, n=9, T=500, shape=(3, 3, 5, 7)),
 ]
 DDIM_HALF_CASES = [
     dict(prediction_type="epsilon", eta=1.0, clip_sample=True, n=8, shape=(2, 4, 8, 8), dtype="float16"),
-    dict(prediction_type="v_prediction", eta=0.0, clip_sample=False, n=10, spacing="trailing",
-         shape=(2, 4, 8, 8), dtype="float16"),
+    dict(prediction_type="v_prediction", eta=0.0, clip_sample=False, n=10, spacing="trailing", T=400,
+         shape=(3, 4, 5, 6), dtype="float16"),
 ]
 
 
@@ -416,7 +419,7 @@ DDPM_CASES = [
 ]
 DDPM_HALF_CASES = [
     dict(prediction_type="epsilon", clip_sample=True, n=10, shape=(2, 4, 8, 8), dtype="float16"),
-    dict(prediction_type="v_prediction", clip_sample=False, n=8, spacing="trailing", shape=(2, 4, 8, 8),
+    dict(prediction_type="v_prediction", clip_sample=False, n=8, spacing="trailing", T=600, shape=(3, 4, 5, 6),
          dtype="float16"),
 ]
 

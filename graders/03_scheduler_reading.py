@@ -74,6 +74,9 @@ DDIM_CASES = [
     dict(num_inference_steps=7, timestep_spacing="linspace", steps_offset=0),
     dict(num_inference_steps=10, timestep_spacing="linspace", steps_offset=1),
     dict(num_inference_steps=50, timestep_spacing="linspace", steps_offset=0),
+    # schedules other than T = 1000: a hard-coded 1000 (or its stride) fails here
+    dict(num_inference_steps=7, num_train_timesteps=500, timestep_spacing="leading", steps_offset=1),
+    dict(num_inference_steps=6, num_train_timesteps=80, timestep_spacing="linspace", steps_offset=0),
 ]
 DDPM_CASES = [
     dict(num_inference_steps=7, num_train_timesteps=100, timestep_spacing="leading", steps_offset=1),

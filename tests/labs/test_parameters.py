@@ -17,8 +17,9 @@ import torch
 from diffusion_katas.core.course import load_module
 
 REPO = Path(__file__).resolve().parents[2]
-LABS = ["04_classifier_free_guidance", "05_sampling_loop", "06_vae_latents", "07_pipeline_components",
-        "08_conditioning", "09_lora", "10_controlnet", "11_memory", "12_end_to_end"]
+LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_classifier_free_guidance",
+        "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
+        "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -37,6 +38,25 @@ SINGLE = "a single-case check by design: it pins one situation (its own check na
 L05, L06, L07, L08, L09, L10, L11, L12 = ("05_sampling_loop", "06_vae_latents", "07_pipeline_components",
                                           "08_conditioning", "09_lora", "10_controlnet", "11_memory",
                                           "12_end_to_end")
+
+# ---- labs 02 and 03 -------------------------------------------------------------------------------------
+for _check in ("vs DDIMScheduler.step, every timestep", "vs DDIMScheduler.step, float16"):
+    fixed("02_denoising_step", "ddim_step", _check, generator=GENERATOR)
+for _check in ("vs DDPMScheduler.step, every timestep", "vs DDPMScheduler.step, float16"):
+    fixed("02_denoising_step", "ddpm_step", _check, generator=GENERATOR)
+for _check, _kind in (("vs Euler step, epsilon", "epsilon"), ("vs Euler step, v_prediction", "v_prediction")):
+    fixed("03_scheduler_reading", "euler_step", _check,
+          prediction_type=f"one check per prediction type, named for it: this one is {_kind}, the other check "
+                          "takes the other")
+
+# ---- lab 14 -------------------------------------------------------------------------------------------
+L14 = "14_multistep_solvers"
+_GAUSS = ("the ideal ε-prediction of Gaussian data (μ and s drawn per case from the check's generator): the one "
+          "denoiser whose probability-flow ODE is solved by hand; it checks and counts its calls")
+fixed(L14, "dpm_solver_sample", "vs DPMSolverMultistepScheduler.step, the whole loop", denoiser=_GAUSS)
+fixed(L14, "dpm_solver_sample", "★ convergence order ≈ 2 (halve the step, the error falls 4×)", denoiser=_GAUSS,
+      final_sigmas_type="'sigma_min' by design: onto σ = 0 the last step is a jump to x̂_0 whose error is not a "
+                        "power of h, so no order could be measured; the loop check varies it")
 
 # ---- lab 04 -------------------------------------------------------------------------------------------
 
