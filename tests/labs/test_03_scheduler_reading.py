@@ -231,26 +231,3 @@ def test_every_graded_step_count_is_one_where_diffusers_equals_exact_arithmetic(
         s = DDIMScheduler(num_train_timesteps=T, timestep_spacing=spacing, steps_offset=offset)
         s.set_timesteps(n)
         assert s.timesteps.tolist() == exact_timesteps(n, T, spacing, offset), case
-
-
-def test_the_graded_cases_separate_every_declared_trap():
-    # Each trap must differ from the reference on at least one graded scenario, or it could never be named.
-    import torch
-
-    from diffusion_katas.engine.comparison import matches
-    from diffusion_katas.engine.isolation import fresh
-    from diffusion_katas.core.tolerances import for_dtype
-
-    for kata in _grader().__dict__.values():
-        if not hasattr(kata, "traps") or not hasattr(kata, "checks"):
-            continue
-        scenarios = []
-        for check in kata.checks:
-            g = torch.Generator().manual_seed(0)
-            for case in check.cases:
-                built = check.build(case, g)
-                scenarios += [(s, for_dtype(check.tol, getattr(s.expected, "dtype", None)))
-                              for s in (built if isinstance(built, list) else [built])]
-        for trap in kata.traps:
-            assert any(not matches(s.expected, trap.fn(**fresh(s.inputs)), tol) for s, tol in scenarios), (
-                f"{kata.name}: trap '{trap.name}' equals the reference on every graded scenario")

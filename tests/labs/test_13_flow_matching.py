@@ -244,29 +244,6 @@ def _grader():
     return module
 
 
-def test_the_graded_cases_separate_every_declared_trap():
-    # Each trap must differ from the reference on at least one graded scenario, or it could never be named.
-    import torch
-
-    from diffusion_katas.core.tolerances import for_dtype
-    from diffusion_katas.engine.comparison import matches
-    from diffusion_katas.engine.isolation import fresh
-
-    for kata in _grader().__dict__.values():
-        if not hasattr(kata, "traps") or not hasattr(kata, "checks"):
-            continue
-        scenarios = []
-        for check in kata.checks:
-            g = torch.Generator().manual_seed(0)
-            for case in check.cases:
-                built = check.build(case, g)
-                scenarios += [(s, for_dtype(check.tol, getattr(s.expected, "dtype", None)))
-                              for s in (built if isinstance(built, list) else [built])]
-        for trap in kata.traps:
-            assert any(not matches(s.expected, trap.fn(**fresh(s.inputs)), tol) for s, tol in scenarios), (
-                f"{kata.name}: trap '{trap.name}' equals the reference on every graded scenario")
-
-
 def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
     # shift ≠ 1 and = 1, several step counts, distinct timesteps in a batch > 1, float16 and float32,
     # both time_shift types: the situations where the traps differ from diffusers.
