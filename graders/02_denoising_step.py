@@ -271,7 +271,8 @@ def ddim_scenarios(case, g, tol):
     for t in s.timesteps.tolist():  # every step of the schedule
         model_output, x_t = step_inputs(s, t, case, g)
         seed = seed_from(g)
-        ref = s.step(model_output.clone(), t, x_t.clone(), eta=eta, generator=torch.Generator().manual_seed(seed))
+        drawn = torch.Generator().manual_seed(seed)  # the reference's generator: its state after the step
+        ref = s.step(model_output.clone(), t, x_t.clone(), eta=eta, generator=drawn)
         expected = ref.prev_sample
         std = eta * float(s._get_variance(t, t - stride)) ** 0.5
         z = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed),
@@ -284,7 +285,8 @@ def ddim_scenarios(case, g, tol):
                       generator=torch.Generator().manual_seed(seed),
                       prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
         scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, t - stride),
-                                  verify=step_verify(ddim_step, inputs, expected, tol, std, z, ref.pred_original_sample)))
+                                  verify=step_verify(ddim_step, inputs, expected, tol, std, z, ref.pred_original_sample),
+                                  generators_after={"generator": drawn}))
     return scenarios
 
 
@@ -450,7 +452,8 @@ def ddpm_scenarios(case, g, tol):
         prev = ts[i + 1] if i + 1 < len(ts) else -1
         model_output, x_t = step_inputs(s, t, case, g)
         seed = seed_from(g)
-        ref = s.step(model_output.clone(), t, x_t.clone(), generator=torch.Generator().manual_seed(seed))
+        drawn = torch.Generator().manual_seed(seed)  # the reference's generator: its state after the step
+        ref = s.step(model_output.clone(), t, x_t.clone(), generator=drawn)
         expected = ref.prev_sample
         std = float(s._get_variance(t)) ** 0.5 if t > 0 else 0.0
         z = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed), dtype=model_output.dtype)
@@ -460,7 +463,8 @@ def ddpm_scenarios(case, g, tol):
                       generator=torch.Generator().manual_seed(seed),
                       prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
         scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, prev),
-                                  verify=step_verify(ddpm_step, inputs, expected, tol, std, z, ref.pred_original_sample)))
+                                  verify=step_verify(ddpm_step, inputs, expected, tol, std, z, ref.pred_original_sample),
+                                  generators_after={"generator": drawn}))
     return scenarios
 
 

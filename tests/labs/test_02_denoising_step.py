@@ -43,6 +43,18 @@ return out
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    # the right values, but no draw where σ_t = 0 (the last step): the generator is left one draw behind
+    ("ddim_step", DDIM_HEAD + """
+out = ap ** 0.5 * x0 + (1 - ap - std ** 2) ** 0.5 * eps
+if eta > 0 and float(std) > 0:
+    out = out + std * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+return out
+""", Fails("wrong", "was left in a different state than diffusers leaves it")),
+    # and a DDPM step that draws at t = 0 too (where diffusers draws nothing), its noise scaled by 0
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + """
+var = ((1 - ap) / (1 - a) * bt).clamp(min=1e-20) if timestep > 0 else torch.tensor(0.0)
+return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
+""", Fails("wrong", "was left in a different state than diffusers leaves it")),
     ("predict_x0", "return model_output", "the model output taken as x̂0"),
     ("predict_x0",
      """

@@ -50,6 +50,10 @@ class Scenario:
     # exact math than diffusers' own rounding allows (tolerances.REFERENCE_ERROR): a more accurate
     # answer than diffusers is never wrong. None: only the check's tolerance against diffusers applies.
     exact: Any = None
+    # The reference's generators after its call, by input name (torch.Generator objects): once the values
+    # match, the learner's copies of those inputs must be left in the same state, i.e. the same draws taken
+    # (a step that skips its draw where σ = 0 gives the same values but shifts every later draw).
+    generators_after: dict[str, Any] | None = None
     # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
     verify: Callable[[Any], None] | None = None
     # Called with (learner output, a folder for artefacts) when the values differ; returns extra

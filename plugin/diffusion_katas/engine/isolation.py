@@ -263,7 +263,7 @@ class CodeLock:
         return [RefuseFunctions(), RefuseKernels()]
 
 
-def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None = None):
+def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None = None, used: dict | None = None):
     """Call the learner's function on fresh inputs (inside `lock`, the answer key closed); fail if it
     changed them in place.
 
@@ -271,6 +271,8 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
     inputs are copied, so copying is not measured, and (measurement, output) is returned.
     """
     given = fresh(inputs)
+    if used is not None:  # the copies the learner got: their generators' states are read after the call
+        used.update(given)
     pristine = fresh(inputs)
     before = {key: versions(value) for key, value in given.items()}
     with lock.active() if lock is not None else contextlib.nullcontext():

@@ -332,16 +332,18 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
         return {"kind": "missing_function"}
     if request.get("rng") is not None:
         torch.random.set_rng_state(request["rng"])
+    used: dict = {}
     try:
-        result = call_learner(fn, inputs, request["function"], request.get("meter"), lock)
+        result = call_learner(fn, inputs, request["function"], request.get("meter"), lock, used)
     except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
         return dict(raised(exc, learner_files), called=_called(lock))
     if request.get("meter") is not None:
         measurement, out = result
     else:
         measurement, out = None, result
+    generators = {name: value.get_state() for name, value in used.items() if isinstance(value, torch.Generator)}
     return {"kind": "ok", "output": encode(out), "measurement": measurement, "state": probe_state(inputs),
-            "rng_after": torch.random.get_rng_state(), "called": _called(lock)}
+            "rng_after": torch.random.get_rng_state(), "called": _called(lock), "generators": generators}
 
 
 def _called(lock) -> list[list[str]]:

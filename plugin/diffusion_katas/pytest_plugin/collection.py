@@ -224,6 +224,7 @@ class KataItem(pytest.Item):
         self._echo()
         self.last_called = data.get("called") or []
         kind = data.get("kind")
+        self.last_generators = data.get("generators") or {}
         if kind == "ok":
             for name, attrs in (data.get("state") or {}).items():  # what the grader's probes recorded there
                 probe = inputs.get(name)
@@ -277,6 +278,20 @@ class KataItem(pytest.Item):
                 problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
                 if problem:
                     raise KataFailure(self._failure(problem, scenario, out, tol, rng))
+                self._check_generators(scenario)
+
+    def _check_generators(self, scenario: Scenario) -> None:
+        """The values are right: were the generators left as the reference leaves them (the same draws)?"""
+        import torch
+
+        for name, reference in (scenario.generators_after or {}).items():
+            mine = getattr(self, "last_generators", {}).get(name)
+            if mine is None or not torch.equal(mine, reference.get_state()):
+                raise KataFailure(
+                    f"{self.last_context}\n  the values are right, but `{name}` was left in a different state than "
+                    "diffusers leaves it: your code drew a different amount of noise from it (more, fewer, or "
+                    "none where diffusers draws). In a pipeline that shares the generator, every later draw "
+                    "would then differ.", Reason.WRONG, f"`{name}` left in another state")
 
     def _context(self, check: Check, number: int, total: int, case: dict, scenario: Scenario) -> str:
         from diffusion_katas.engine.comparison import describe
