@@ -15,9 +15,10 @@ rustlings does, never from where this package was installed: a second clone is i
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -55,6 +56,10 @@ def lab_title(path: Path) -> str:
     return doc.strip().splitlines()[0].rstrip(".") if doc else path.stem
 
 
+# Grader modules loaded in this process: path -> (digest of the file, its Kata objects).
+_GRADERS: dict = {}
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     """Execute the Python file at `path` as a fresh module registered under `name`."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -74,8 +79,6 @@ class Course:
     katas: Path | None = None
     solutions: Path | None = None
     graders: Path | None = None
-    # Grader modules loaded by this course object: path -> (mtime, Kata objects).
-    _loaded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -208,15 +211,16 @@ class Course:
 
     # ---- graders: the one loader -------------------------------------------------------------------------
     def graders_of(self, lab: str) -> list:
-        """The Kata objects the lab's grader declares, in declaration order (each file loaded once,
-        again only if it changed)."""
+        """The Kata objects the lab's grader declares, in declaration order: each file loaded once per
+        process, again only when its content changed. A warm grading process (`kata watch`) thus keeps what
+        the graders cache between gradings (the references' costs, tiny models)."""
         from diffusion_katas.core.spec import Kata
 
         path = self.grader(lab)
-        mtime = path.stat().st_mtime_ns
-        cached = self._loaded.get(path)
-        if cached is None or cached[0] != mtime:
+        digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+        cached = _GRADERS.get(path)
+        if cached is None or cached[0] != digest:
             module = load_module(path, f"diffusion_katas_grader_{lab}")
-            cached = (mtime, [v for v in vars(module).values() if isinstance(v, Kata)])
-            self._loaded[path] = cached
+            cached = (digest, [v for v in vars(module).values() if isinstance(v, Kata)])
+            _GRADERS[path] = cached
         return cached[1]
