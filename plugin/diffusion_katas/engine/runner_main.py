@@ -15,6 +15,7 @@ returns can run code in the grader. Everything the runner prints is captured and
 """
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -85,6 +86,9 @@ def zygote(control_fd: int) -> None:
             answer = _load_graders(command, loaded)
             control.sendall((answer + "\n").encode())
         elif command["op"] == "fork" and fds:
+            # Python's advice for fork without exec: what the runner inherits (torch, diffusers, the graders)
+            # is never collected there, so its collections neither walk it nor copy its pages on write.
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 control.close()
