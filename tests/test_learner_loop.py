@@ -284,6 +284,18 @@ def test_no_command_ends_in_a_traceback_when_the_reader_of_its_output_has_gone(t
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+def test_derive_check_still_reports_drift_in_its_exit_code_when_the_reader_of_its_output_has_gone(two_runs, tmp_path):
+    root = copy(two_runs[0], tmp_path / "c")
+    shutil.copy(REPO / "katas" / f"{LAB}.py", root / "katas" / f"{AGAIN}.py")
+    (root / "katas" / f"{LAB}.py").write_text("# drifted\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "diffusion_katas", "derive", "--check", "--root", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    proc.stdout.close()
+    err = proc.stderr.read().decode("utf-8", "replace")
+    assert proc.wait(timeout=60) == 1, err
+    assert "Traceback" not in err, err
+
+
 @pytest.mark.skipif(shutil.which("head") is None or shutil.which("bash") is None, reason="needs bash and head")
 def test_kata_progress_piped_into_head_prints_its_first_lines_and_no_traceback(two_runs):
     root = two_runs[0]

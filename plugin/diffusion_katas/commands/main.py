@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()  # here, where a reader that left is caught, not at interpreter exit
     except BrokenPipeError:  # `kata explain 03 | head`: the reader left; say nothing more
         _quiet_stdout()
-        return 0
+        # A command whose exit code is its answer (`derive --check`: drift) decides it before printing.
+        return int(getattr(args, "verdict", 0) or 0)
 
 
 def _quiet_stdout() -> None:
