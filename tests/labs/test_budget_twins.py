@@ -45,6 +45,22 @@ TWINS = [
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         return scores.softmax(-1) @ value
      """, "OVER peak"),
+    ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", """
+        guide = guidance_scale > 1
+        scheduler.set_timesteps(num_inference_steps)
+        x = latents * scheduler.init_noise_sigma
+        text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
+        with torch.no_grad():
+            for t in scheduler.timesteps:
+                x_in = scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)
+                unet(x_in, t, encoder_hidden_states=text)  # a forward thrown away: right values, twice the cost
+                noise_pred = unet(x_in, t, encoder_hidden_states=text).sample
+                if guide:
+                    noise_uncond, noise_text = noise_pred.chunk(2)
+                    noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+                x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
+        return x
+     """, "UNet calls over 5 steps"),
 ]
 
 

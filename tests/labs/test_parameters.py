@@ -19,7 +19,7 @@ from diffusion_katas.core.course import load_module
 REPO = Path(__file__).resolve().parents[2]
 LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_classifier_free_guidance",
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
-        "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers"]
+        "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "16_few_step"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -139,6 +139,12 @@ fixed(L11, "sliced_decode", "vs AutoencoderKL.decode with slicing", vae="the x8 
 fixed(L12, "denoise", "vs StableDiffusionPipeline latents", generator=GENERATOR)
 fixed(L12, "text_to_image", "vs StableDiffusionPipeline images", generator=GENERATOR)
 fixed(L12, "inference_trace", "vs the pipeline's own boundaries", generator=GENERATOR)
+
+# ---- lab 16 -------------------------------------------------------------------------------------------
+L16 = "16_few_step"
+for _check in ("vs LCMScheduler.step, every timestep", "vs LCMScheduler.step, float16"):
+    fixed(L16, "lcm_step", _check, generator=GENERATOR)
+fixed(L16, "few_step_sample", "vs StableDiffusionPipeline(guidance_scale ≤ 1.5), latents", generator=GENERATOR)
 
 
 def kind(value):

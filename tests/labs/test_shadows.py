@@ -29,6 +29,8 @@ SHADOWED_LABS = {
     "03_scheduler_reading": {},
     "13_flow_matching": {},
     "14_multistep_solvers": {},
+    "16_few_step": {("few_step_sample", None): "a whole pipeline loop through a UNet: its reference is the "
+                                                "pipeline's own forwards, with no float64 twin"},
 }
 # diffusers' own distance from exact math, relative to 1 + |exact|: its rounding, never a formula.
 ROUNDING = {torch.float32: 1e-4, torch.float16: 3e-2, "float": 1e-6}
