@@ -138,6 +138,41 @@ def test_watch_grades_again_after_the_kata_file_changes_and_stops_cleanly_on_ctr
     assert "stopped watching." in out
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
+def test_after_a_save_watch_regrades_only_the_functions_whose_code_changed_and_the_whole_lab_before_a_pass(tmp_path):
+    root = make_root(tmp_path)
+    path = root / "katas" / f"{LAB}.py"
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "diffusion_katas", "watch", "01", "--interval", "0.2", "--root", str(root)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", env=subprocess_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(watcher.stdout), daemon=True).start()
+
+    def wait_for(pattern: str, after: int = 0) -> int:
+        deadline = time.monotonic() + GRADING_LIMIT
+        while not re.search(pattern, "".join(seen)[after:]):
+            assert watcher.poll() is None, "".join(seen)
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(seen)[after:]
+            time.sleep(0.1)
+        return len("".join(seen))
+
+    try:
+        mark = wait_for(r"0/6 solved[\s\S]*waiting for a change")
+        get_first_function_wrong(root)
+        mark = wait_for(r"graded `scaled_linear_betas` \(the other functions' code is unchanged[\s\S]*"
+                        r"FAILED +scaled_linear_betas[\s\S]*waiting for a change", mark)
+        assert f"--kata-function" not in "".join(seen)
+        path.write_text(path.read_text(encoding="utf-8").replace(f"def {FIRST}(", f"# a comment\ndef {FIRST}(", 1),
+                        encoding="utf-8")
+        mark = wait_for(r"no code changed since the last grading[\s\S]*waiting for a change", mark)
+        shutil.copy(root / "solutions" / f"{LAB}.py", path)
+        wait_for(rf"grading katas/{LAB}.py\.\.\.[\s\S]*6/6 solved[\s\S]*every function in this lab passes", mark)
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
 def test_watching_notices_a_save_by_delete_and_create(tmp_path):
     path = tmp_path / "kata.py"
     path.write_text("x = 1\n")

@@ -25,15 +25,43 @@ from pathlib import Path
 from diffusion_katas.core import lessons, record
 from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
-from diffusion_katas.commands.running import (MARKS, VERBS, WarmGrader, after_grading, changed_labs, counts, first_unsolved,
+from diffusion_katas.commands.running import (MARKS, VERBS, Grading, WarmGrader, after_grading, changed_labs, counts, first_unsolved,
                                 grade, grading_failed, import_trouble, lab_entry, load_report, messages, next_todo,
                                 statuses)
+from diffusion_katas.commands.learner import incremental
 from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal
 from diffusion_katas.commands.learner.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
 from diffusion_katas.commands.learner.workspace import LearnerError, open_course, resolve_lab
 
 
 # ---- watch -----------------------------------------------------------------------------------------------
+def grade_save(warm: WarmGrader, course: Course, lab: str, last: Grading | None, shape):
+    """Grade the lab after a save: only the functions whose code changed (and those that use them) when the
+    last grading of this lab stands for the rest, else all of it. Returns (grading, the code it saw, a note)."""
+    kata = course.kata(lab)
+    now = (incremental.code_shape(kata), record.fingerprint(course.grader(lab)))
+    plan = None
+    if shape is not None and last is not None and last.report is not None and shape[1] == now[1]:
+        plan = incremental.to_regrade(shape[0], now[0])  # the grader unchanged too: its verdicts stand
+        graded = {name for name, _ in statuses(lab_entry(last.report, lab) or {})}
+        if plan is not None and plan and graded <= plan:
+            plan = None  # every function changed: one grading of the whole lab
+    if plan is not None and not plan:
+        return last, now, "no code changed since the last grading (comments or blank lines only): its verdict stands"
+    if plan is not None:
+        names = sorted(plan)
+        print(f"grading {', '.join(f'`{n}`' for n in names)} in {course.rel(kata)}...", flush=True)
+        partial = warm.grade(course.rel(kata), *[a for n in names for a in ("--kata-function", n)])
+        merged = incremental.merge(last.report, partial.report, lab, plan) if partial.report else None
+        if merged is not None and not incremental.all_pass(merged, lab):
+            others = "the other functions' code is unchanged: their verdicts stand"
+            return (Grading(merged, partial.output, partial.returncode, partial.seconds), now,
+                    f"graded {', '.join(f'`{n}`' for n in names)} ({others})")
+    print(f"grading {course.rel(kata)}...", flush=True)
+    grading = warm.grade(course.rel(kata))
+    return grading, (now if lab_entry(grading.report, lab) is not None else None), None
+
+
 def cmd_watch(args) -> int:
     course = open_course(args.root)
     if args.interval <= 0:
@@ -73,12 +101,14 @@ def cmd_watch(args) -> int:
                else f"polling every {seconds_text(args.interval)} s")
         header = f"watching {course.rel(kata)} ({how}) · seed {seed} · Ctrl-C to stop"
         since = before[lab] if grading is not None and lab in before else signature(kata)
+        grading_before = grading
+        shape = None  # the code the last grading saw (incremental.py): None until a full grading of this lab
+        note = None
         while True:
             if grading is None:
-                print(f"grading {course.rel(kata)}...", flush=True)
                 since = signature(kata)
-                grading = warm.grade(course.rel(kata))
-            out = [(CLEAR if tty else "") + header, *verdict_lines(course, lab, grading)]
+                grading, shape, note = grade_save(warm, course, lab, grading_before, shape)
+            out = [(CLEAR if tty else "") + header, *verdict_lines(course, lab, grading, note)]
             if not args.once:
                 out += ["", f"waiting for a change of {course.rel(kata)}... (Ctrl-C to stop)"]
             print("\n".join(out), flush=True)
@@ -86,7 +116,7 @@ def cmd_watch(args) -> int:
                 return 0
             if signature(kata) == since:
                 wait_for_change(kata, since, args.interval, events)
-            grading = None
+            grading_before, grading = grading, None
     except KeyboardInterrupt:
         print("\nstopped watching.", flush=True)
         return 0

@@ -64,14 +64,17 @@ def wait_for_change(path: Path, since, interval: float, events=None) -> None:
 
 
 # ---- the verdict -----------------------------------------------------------------------------------------
-def verdict_lines(course: Course, lab: str, grading: Grading) -> list[str]:
-    """The lab's verdict, the next step with its hint tier, and the first failure's text."""
+def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None = None) -> list[str]:
+    """The lab's verdict, the next step with its hint tier, and the first failure's text; `note`: what this
+    grading covered when it was not the whole lab."""
     report = grading.report
     entry = lab_entry(report, lab)
     kata = course.rel(course.kata(lab))
     stamp = datetime.now().strftime("%H:%M:%S")
     seed = (report or {}).get("seed")
     lines = [f"graded at {stamp} in {grading.seconds:.1f} s" + (f" (seed {seed})" if seed is not None else "")]
+    if note:
+        lines.append(note)
     if entry is None:
         if not course.kata(lab).is_file():
             return lines + ["", f"{kata} is gone: `kata reset {lab[:2]}` restores it (or undo the delete in your "
