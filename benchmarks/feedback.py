@@ -7,15 +7,20 @@ the ratios, not the milliseconds):
 1. the floor: `python -c "import torch, pytest"`;
 2. a cold one-lab grading: `python -m pytest katas/NN_lab.py` (what a plain pytest run costs);
 3. save-to-verdict through the warm grader `kata watch` uses (one pytest process kept warm, the
-   learner's code in a fresh runner per check), after a first grading has warmed it.
+   learner's code in a fresh runner per check), after a first grading has warmed it: the whole lab;
+4. and a save that edits one function (the lab's slowest to grade), as `kata watch` grades it: that
+   function alone (commands/learner/incremental.py), in a scratch course whose katas are the solutions.
 Graded on the solutions (`--solutions`), so every check runs to the end. This is a script, not a test.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +31,67 @@ def timed(command: list[str]) -> float:
     start = time.monotonic()
     subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return time.monotonic() - start
+
+
+def touch_function(path: Path, name: str) -> None:
+    """Change one function's code (not only a comment): a `pass` before its first statement."""
+    text = path.read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 else node.body[0]
+    lines = text.splitlines(keepends=True)
+    lines.insert(first.lineno - 1, " " * first.col_offset + "pass\n")
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def set_todo(path: Path, name: str) -> None:
+    """Replace one function's body by `raise NotImplementedError` (its docstring kept)."""
+    text = path.read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    body = node.body[1:] if ast.get_docstring(node) else node.body
+    lines = text.splitlines(keepends=True)
+    indent = " " * body[0].col_offset
+    lines[body[0].lineno - 1:body[-1].end_lineno] = [indent + "raise NotImplementedError\n"]
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def one_function_saves(lab: str, runs: int) -> tuple[str, list[float]]:
+    """Seconds from a save that edits the lab's slowest function to its verdict, through `kata watch`'s own
+    grade_save, in a scratch course (graders and solutions copied, katas = solutions)."""
+    from diffusion_katas.commands.learner import incremental
+    from diffusion_katas.commands.learner.cli import grade_save
+    from diffusion_katas.commands.running import WarmGrader
+    from diffusion_katas.core.course import Course
+
+    with tempfile.TemporaryDirectory(prefix="kata-bench-") as tmp:
+        root = Path(tmp)
+        for folder in ("graders", "solutions"):
+            shutil.copytree(ROOT / folder, root / folder)
+        shutil.copytree(ROOT / "solutions", root / "katas")
+        course = Course(root)
+        warm = WarmGrader(course, seed=1)
+        try:
+            grading, shape, _ = grade_save(warm, course, lab, None, None)
+            slowest = {}
+            for r in grading.report["results"]:
+                slowest[r["function"]] = slowest.get(r["function"], 0.0) + r.get("duration", 0.0)
+            name = max(slowest, key=slowest.get)
+            # A lab that passes whole is always confirmed by a full grading: leave another function TODO, as
+            # where a learner works on one function while another is still to do.
+            shape_now = incremental.code_shape(course.kata(lab))
+            other = next(f for f in slowest if f != name and name not in shape_now.names[f]
+                         and f not in shape_now.names[name])
+            set_todo(course.kata(lab), other)
+            grading, shape, _ = grade_save(warm, course, lab, None, None)
+            seconds = []
+            for _ in range(runs):
+                touch_function(course.kata(lab), name)
+                start = time.monotonic()
+                grading, shape, note = grade_save(warm, course, lab, grading, shape)
+                seconds.append(time.monotonic() - start)
+                assert note and name in note, note  # graded that function alone
+        finally:
+            warm.close()
+    return name, seconds
 
 
 def main() -> int:
@@ -54,6 +120,9 @@ def main() -> int:
                 saves.append(warm.grade(target, "--solutions").seconds)
             rows.append((f"{lab}: cold `python -m pytest {target}`", cold, None))
             rows.append((f"{lab}: save-to-verdict, warm (kata watch)", statistics.median(saves), min(saves)))
+            one = one_function_saves(lab, args.runs)
+            rows.append((f"{lab}: save of one function (`{one[0]}`), warm (kata watch)", statistics.median(one[1]),
+                         min(one[1])))
     finally:
         warm.close()
     print(f"| what | median s | x floor | best s |\n|---|---|---|---|")
