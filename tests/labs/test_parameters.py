@@ -19,7 +19,8 @@ from diffusion_katas.core.course import load_module
 REPO = Path(__file__).resolve().parents[2]
 LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_classifier_free_guidance",
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
-        "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "16_few_step"]
+        "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
+        "16_few_step"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -57,6 +58,13 @@ fixed(L14, "dpm_solver_sample", "vs DPMSolverMultistepScheduler.step, the whole 
 fixed(L14, "dpm_solver_sample", "★ convergence order ≈ 2 (halve the step, the error falls 4×)", denoiser=_GAUSS,
       final_sigmas_type="'sigma_min' by design: onto σ = 0 the last step is a jump to x̂_0 whose error is not a "
                         "power of h, so no order could be measured; the loop check varies it")
+
+# ---- lab 15 -------------------------------------------------------------------------------------------
+fixed("15_karras_edm", "karras_sigmas", "vs EulerDiscreteScheduler(use_karras_sigmas=True).set_timesteps → sigmas",
+      rho="EulerDiscreteScheduler._convert_to_karras hard-codes ρ = 7; the EDMEulerScheduler check varies ρ")
+fixed("15_karras_edm", "edm_sample", "vs scale_model_input, the network and EDMEulerScheduler.step, whole runs",
+      network="the ideal EDM network of Gaussian data (its per-channel spread drawn per case): the one network "
+              "whose inputs it can read back; it checks and counts its calls")
 
 # ---- lab 04 -------------------------------------------------------------------------------------------
 
