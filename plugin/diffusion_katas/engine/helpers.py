@@ -167,3 +167,83 @@ class DenoiserProbe(torch.nn.Module):
 
     def __repr__(self) -> str:
         return self.label
+
+
+class TrajectoryProbe(DenoiserProbe):
+    """A DenoiserProbe that also keeps what each call saw and returned: the timestep, the sample and the
+    output (detached copies), for `first_divergence` to compare with a pipeline's recorded steps."""
+
+    def __init__(self, model: torch.nn.Module, label: str = ""):
+        super().__init__(model, label)
+        self.seen_t: list = []
+        self.seen_inputs: list = []
+        self.seen_outputs: list = []
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        sample = args[0] if args else kwargs.get("sample")
+        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        self.seen_t.append(_clone(timestep) if isinstance(timestep, torch.Tensor) else
+                           float(timestep) if isinstance(timestep, (int, float)) else None)
+        self.seen_inputs.append(_clone(sample) if type(sample) is torch.Tensor else None)
+        result = out[0] if isinstance(out, tuple) else getattr(out, "sample", out)
+        self.seen_outputs.append(_clone(result) if type(result) is torch.Tensor else None)
+        return out
+
+
+def _close(mine: Any, theirs: Any, rtol: float, atol: float) -> bool:
+    if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor) or mine.shape != theirs.shape:
+        return False
+    return bool(torch.allclose(mine.double(), theirs.double(), rtol=rtol, atol=atol, equal_nan=True))
+
+
+def _t_value(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        values = t.flatten().tolist()
+        return values[0] if values and all(v == values[0] for v in values) else values
+    return t
+
+
+def first_divergence(probe: TrajectoryProbe, steps: list[Step], rtol: float = 1e-3, atol: float = 1e-4) -> str | None:
+    """Where the learner's loop first left the pipeline's, call by call: the timestep the denoiser got, its
+    input (the latent as scaled and batched for it) and its output, in that order. None when every recorded
+    call agrees (the difference is then after the last call: the final step or the output stage).
+
+    The tolerance is loose on purpose: this only says where to look; the check's own comparison judged."""
+    reference = [s for s in steps if s.denoiser_input is not None]
+    n = len(reference)
+    for k, step in enumerate(reference):
+        at = f"step {k + 1} of {n}"
+        if k >= len(probe.seen_inputs):
+            return f"{at}: your loop stopped calling the denoiser after {len(probe.seen_inputs)} call(s)"
+        mine_t, their_t = _t_value(probe.seen_t[k]), _t_value(step.t)
+        try:
+            same_t = abs(float(mine_t) - float(their_t)) <= 1e-3 * (1 + abs(float(their_t)))
+        except (TypeError, ValueError):
+            same_t = mine_t == their_t
+        if not same_t:
+            return f"{at}: the denoiser got t = {mine_t}, the pipeline's got t = {their_t} (the timestep itself)"
+        mine, theirs = probe.seen_inputs[k], step.denoiser_input
+        if not _close(mine, theirs, rtol, atol):
+            if not isinstance(mine, torch.Tensor) or mine.shape != theirs.shape:
+                shape = tuple(mine.shape) if isinstance(mine, torch.Tensor) else type(mine).__name__
+                return (f"{at}: the denoiser's input has shape {shape}, the pipeline's {tuple(theirs.shape)} "
+                        "(the batch as the denoiser sees it: doubled for guidance?)")
+            what = (f"{at}: the denoiser's input differs from the pipeline's (max |diff| "
+                    f"{float((mine.double() - theirs.double()).abs().max()):.3g})")
+            ratio = mine.double().flatten() / theirs.double().flatten()
+            ratio = ratio[torch.isfinite(ratio) & (theirs.double().flatten().abs() > 1e-3)]
+            if ratio.numel() and float(ratio.std(unbiased=False)) <= 1e-3 * float(ratio.abs().mean()) \
+                    and abs(float(ratio.mean()) - 1) > 1e-3:
+                what += (f"; yours is {float(ratio.mean()):.4g}× the pipeline's everywhere: a missing or extra "
+                         "scaling of the input (scheduler.scale_model_input divides by √(σ² + 1))")
+            if k == 0:
+                return what + " — already at the first call: x_T, or how it is scaled for the denoiser"
+            return what + (f" — while step {k} agreed on t, input and output: the update after step {k} "
+                           "(guidance combine, scheduler.step, what is carried to the next step) went wrong")
+        if not _close(probe.seen_outputs[k], step.denoiser_output, rtol, atol):
+            return (f"{at}: the same input and t gave another denoiser output: the conditioning or the other "
+                    "arguments the denoiser got differ")
+    if len(probe.seen_inputs) > n:
+        return f"the pipeline calls the denoiser {n} time(s); your loop called it {len(probe.seen_inputs)} times"
+    return None

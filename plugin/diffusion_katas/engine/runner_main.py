@@ -288,7 +288,9 @@ def probe_state(inputs: dict) -> dict:
 
 
 def _plain(value, depth: int = 0) -> bool:
-    if value is None or type(value) in (bool, int, float, str):
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str, torch.Tensor):  # a Tensor itself, no subclass
         return True
     if type(value) in (list, tuple) and depth < 3:
         return all(_plain(v, depth + 1) for v in value)
@@ -346,6 +348,8 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
     else:
         measurement, out = None, result
     generators = {name: value.get_state() for name, value in used.items() if isinstance(value, torch.Generator)}
+    generators.update({name: [v.get_state() for v in value] for name, value in used.items()  # one per sample
+                       if isinstance(value, list) and value and all(isinstance(v, torch.Generator) for v in value)})
     return {"kind": "ok", "output": encode(out), "measurement": measurement, "state": probe_state(inputs),
             "rng_after": torch.random.get_rng_state(), "called": _called(lock), "generators": generators}
 
