@@ -59,8 +59,20 @@ def step_inputs(s, t: int, case: dict, g: torch.Generator):
     return model_output.to(dtype), x_t.to(dtype)
 
 
-def arrow(t: int, prev: int) -> str:
-    return f"t={t} → {prev}" + (" (past the start: ᾱ_prev = 1)" if prev < 0 else "")
+def arrow(t: int, prev: int, set_alpha_to_one: bool = True) -> str:
+    end = "ᾱ_prev = 1" if set_alpha_to_one else "set_alpha_to_one=False: ᾱ_prev = ᾱ_0"
+    return f"t={t} → {prev}" + (f" (past the start: {end})" if prev < 0 else "")
+
+
+def threshold_config(case: dict) -> dict:
+    """The scheduler's dynamic-thresholding config for a case (off unless the case says so)."""
+    return dict(thresholding=case.get("thresholding", False), dynamic_thresholding_ratio=case.get("ratio", 0.995),
+                sample_max_value=case.get("max_value", 1.0))
+
+
+def threshold_inputs(case: dict) -> dict:
+    """The same options as the learner's keyword arguments."""
+    return {k: v for k, v in threshold_config(case).items()}
 
 
 # The `verify` of a step scenario does two things the plugin's trap matching cannot (yet):
@@ -218,6 +230,91 @@ def _(model_output, sample, alpha_prod_t, prediction_type):
     return sample - (1 - a) ** 0.5 * model_output
 
 
+# ---- dynamic_threshold -----------------------------------------------------------------------------------
+dynamic_threshold = Kata(
+    "dynamic_threshold",
+    hints=(
+        "One threshold per sample: a high quantile of that sample's absolute values, never below 1 and "
+        "never above sample_max_value. Clamp the sample to ±threshold, then divide by it.",
+        "flatten to (B, C·H·W); s = quantile(|x|, ratio, dim=1) clamped to [1, sample_max_value]; "
+        "x ← clamp(x, −s, s)/s per row; reshape back, cast to the input dtype (quantile needs float32).",
+        "flat = x.reshape(x.shape[0], -1).float(); s = torch.quantile(flat.abs(), dynamic_thresholding_ratio, "
+        "dim=1).clamp(min=1, max=sample_max_value).unsqueeze(1); "
+        "return (torch.clamp(flat, -s, s) / s).reshape(x.shape).to(x.dtype)",
+    ),
+    answer_key=("diffusers.schedulers.scheduling_ddpm.DDPMScheduler._threshold_sample",
+                "diffusers.schedulers.scheduling_ddim.DDIMScheduler._threshold_sample"),
+)
+
+# Each sample gets its own spread (`scales`): a quiet one whose quantile is below 1 (the floor at 1
+# shows), a loud one whose quantile passes sample_max_value (the ceiling shows), so one threshold for
+# the whole batch, a missing floor or ceiling and a missing division each change the answer.
+THRESHOLD_CASES = [
+    dict(shape=(3, 4, 8, 8), dtype="float32", ratio=0.995, max_value=1.5, scales=(0.3, 0.55, 2.0)),
+    dict(shape=(2, 3, 5, 7), dtype="float32", ratio=0.9, max_value=3.0, scales=(1.5, 0.8)),
+    dict(shape=(4, 1, 6, 6), dtype="float32", ratio=0.5, max_value=1.0, scales=(0.5, 1.0, 2.0, 4.0)),
+    dict(shape=(2, 4, 8, 8), dtype="float16", ratio=0.995, max_value=2.0, scales=(0.6, 1.2)),
+]
+
+
+@dynamic_threshold.check("vs DDPMScheduler._threshold_sample", cases=THRESHOLD_CASES, tol=STEP_MATH)
+def _(case, g):
+    dtype = DTYPES[case["dtype"]]
+    s = DDPMScheduler(thresholding=True, dynamic_thresholding_ratio=case["ratio"],
+                      sample_max_value=case["max_value"])
+    scales = torch.tensor(case["scales"]).view(-1, *[1] * (len(case["shape"]) - 1))
+    x = (torch.randn(case["shape"], generator=g) * scales).to(dtype)
+    expected = s._threshold_sample(x.clone())
+    exact = s._threshold_sample(x.double())  # the same code in float64
+    q = torch.quantile(x.float().abs().reshape(x.shape[0], -1), case["ratio"], dim=1)
+    return Scenario(inputs=dict(pred_original_sample=x, dynamic_thresholding_ratio=case["ratio"],
+                                sample_max_value=case["max_value"]),
+                    expected=expected, exact=exact,
+                    label=f"per-sample quantiles {[round(v, 3) for v in q.tolist()]}, max {case['max_value']}")
+
+
+def wrong_threshold(pred_original_sample, dynamic_thresholding_ratio=0.995, sample_max_value=1.0, *,
+                    one_for_batch=False, no_floor=False, no_ceiling=False, no_divide=False, signed=False):
+    """Dynamic thresholding with one misconception switched on (each trap below names one)."""
+    x = pred_original_sample
+    flat = x.reshape(1 if one_for_batch else x.shape[0], -1).to(torch.float32)
+    s = torch.quantile(flat if signed else flat.abs(), dynamic_thresholding_ratio, dim=1)
+    s = torch.clamp(s, min=None if no_floor else 1, max=None if no_ceiling else sample_max_value).unsqueeze(1)
+    out = torch.clamp(flat, -s, s)
+    return (out if no_divide else out / s).reshape(x.shape).to(x.dtype)
+
+
+@dynamic_threshold.trap("one threshold for the whole batch",
+                        hint="Each sample gets its own s: reshape to (B, C·H·W) and take the quantile along dim=1.")
+def _(**kw):
+    return wrong_threshold(**kw, one_for_batch=True)
+
+
+@dynamic_threshold.trap("s not floored at 1 (a quiet sample is blown up to ±1)",
+                        hint="Clamp s to [1, sample_max_value]: with s = 1 the step is plain clipping; a sample "
+                             "whose values are all small must stay as it is.")
+def _(**kw):
+    return wrong_threshold(**kw, no_floor=True)
+
+
+@dynamic_threshold.trap("s not capped at sample_max_value",
+                        hint="s = clamp(quantile, min=1, max=sample_max_value): the ceiling bounds the rescale.")
+def _(**kw):
+    return wrong_threshold(**kw, no_ceiling=True)
+
+
+@dynamic_threshold.trap("clamped to [−s, s] but not divided by s",
+                        hint="Imagen's thresholding rescales too: clamp(x, −s, s) / s lies in [−1, 1].")
+def _(**kw):
+    return wrong_threshold(**kw, no_divide=True)
+
+
+@dynamic_threshold.trap("the quantile of x̂0 instead of |x̂0|",
+                        hint="The threshold is a quantile of the absolute values, so it bounds both signs.")
+def _(**kw):
+    return wrong_threshold(**kw, signed=True)
+
+
 # ---- ddim_step -------------------------------------------------------------------------------------------
 ddim_step = Kata(
     "ddim_step",
@@ -251,18 +348,28 @@ DDIM_CASES = [
     # T = 500 (a hard-coded 1000 fails), and C·H·W = 105, not a multiple of 16: one draw per sample then
     # differs from one draw for the batch, so η > 0 shows which the step does.
     dict(prediction_type="epsilon", eta=0.7, clip_sample=False, n=9, T=500, shape=(3, 3, 5, 7)),
+    # set_alpha_to_one=False: the last step lands on ᾱ_0, not 1 (Stable Diffusion 1.x's own config)
+    dict(prediction_type="epsilon", eta=0.0, clip_sample=True, n=10, set_alpha_to_one=False, shape=(2, 4, 8, 8)),
+    # dynamic thresholding (it replaces clip_sample=True): one quantile per sample of |x̂_0|
+    dict(prediction_type="sample", eta=0.5, clip_sample=True, n=8, thresholding=True, ratio=0.9,
+         max_value=2.0, spacing="trailing", shape=(3, 4, 8, 8)),
+    dict(prediction_type="epsilon", eta=0.0, clip_sample=False, n=10, thresholding=True, ratio=0.995,
+         max_value=1.5, schedule="ddpm", set_alpha_to_one=False, shape=(2, 3, 8, 8)),
 ]
 DDIM_HALF_CASES = [
     dict(prediction_type="epsilon", eta=1.0, clip_sample=True, n=8, shape=(2, 4, 8, 8), dtype="float16"),
     dict(prediction_type="v_prediction", eta=0.0, clip_sample=False, n=10, spacing="trailing", T=400,
          shape=(3, 4, 5, 6), dtype="float16"),
+    dict(prediction_type="epsilon", eta=0.5, clip_sample=True, n=6, set_alpha_to_one=False, thresholding=True,
+         ratio=0.95, max_value=1.8, shape=(2, 4, 8, 8), dtype="float16"),
 ]
 
 
 def ddim_scenarios(case, g, tol):
     g = torch.Generator().manual_seed(seed_from(g))  # see 'Inputs and the global RNG'
     s = scheduler(DDIMScheduler, case, clip_sample=case["clip_sample"],
-                  timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0))
+                  timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0),
+                  set_alpha_to_one=case.get("set_alpha_to_one", True), **threshold_config(case))
     n, eta = case["n"], case["eta"]
     s.set_timesteps(n)
     s64 = float64_twin(s)
@@ -283,8 +390,10 @@ def ddim_scenarios(case, g, tol):
         inputs = dict(model_output=model_output, timestep=t, sample=x_t,
                       alphas_cumprod=s.alphas_cumprod.clone(), num_inference_steps=n, eta=eta,
                       generator=torch.Generator().manual_seed(seed),
-                      prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
-        scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, t - stride),
+                      prediction_type=case["prediction_type"], clip_sample=case["clip_sample"],
+                      set_alpha_to_one=case.get("set_alpha_to_one", True), **threshold_inputs(case))
+        scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact,
+                                  label=arrow(t, t - stride, case.get("set_alpha_to_one", True)),
                                   verify=step_verify(ddim_step, inputs, expected, tol, std, z, ref.pred_original_sample),
                                   generators_after={"generator": drawn}))
     return scenarios
@@ -310,19 +419,25 @@ def _x0_eps(model_output, sample, a, prediction_type):
 
 
 def wrong_ddim(model_output, timestep, sample, alphas_cumprod, num_inference_steps, eta, generator,
-               prediction_type, clip_sample, *, prev=None, final=None, clipped_eps=False, v_as_eps=False,
-               no_clip=False, variance_not_std=False, no_sigma_in_direction=False, no_noise=False):
+               prediction_type, clip_sample, set_alpha_to_one=True, thresholding=False,
+               dynamic_thresholding_ratio=0.995, sample_max_value=1.0, *, prev=None, final=None,
+               clipped_eps=False, v_as_eps=False, no_clip=False, variance_not_std=False,
+               no_sigma_in_direction=False, no_noise=False, no_threshold=False):
     """DDIM with one misconception switched on (each trap below names one)."""
     T = alphas_cumprod.shape[0]
     prev_t = timestep - T // num_inference_steps if prev is None else prev(timestep, T, num_inference_steps)
     a = alphas_cumprod[timestep]
     if prev_t >= 0:
         ap = alphas_cumprod[prev_t]
+    elif final is not None:
+        ap = final(alphas_cumprod, prev_t)
     else:
-        ap = torch.tensor(1.0) if final is None else final(alphas_cumprod, prev_t)
+        ap = torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]
     kind = "epsilon" if v_as_eps and prediction_type == "v_prediction" else prediction_type
     x0, eps = _x0_eps(model_output, sample, a, kind)
-    if clip_sample and not no_clip:
+    if thresholding and not no_threshold:
+        x0 = wrong_threshold(x0, dynamic_thresholding_ratio, sample_max_value)
+    elif clip_sample and not no_clip:
         x0 = x0.clamp(-1, 1)
         if clipped_eps:
             eps = (sample - a**0.5 * x0) / (1 - a) ** 0.5
@@ -347,11 +462,25 @@ def _(**kw):
     return wrong_ddim(**kw, final=lambda ac, p: ac[p])
 
 
-@ddim_step.trap("ᾱ_prev = alphas_cumprod[0] at the last step",
-                hint="That is set_alpha_to_one=False. The default (graded here) lands the last step on "
+@ddim_step.trap("ᾱ_prev = alphas_cumprod[0] at the last step (whatever set_alpha_to_one says)",
+                hint="That is set_alpha_to_one=False only. The default, True, lands the last step on "
                      "clean data: ᾱ_prev = 1 when prev_t < 0.")
 def _(**kw):
     return wrong_ddim(**kw, final=lambda ac, p: ac[0])
+
+
+@ddim_step.trap("set_alpha_to_one=False ignored (ᾱ_prev = 1 at the last step)",
+                hint="With set_alpha_to_one=False the step past the start of the table lands on the "
+                     "table's first entry: ᾱ_prev = alphas_cumprod[0] (diffusers' final_alpha_cumprod).")
+def _(**kw):
+    return wrong_ddim(**kw, final=lambda ac, p: torch.tensor(1.0))
+
+
+@ddim_step.trap("thresholding ignored (x̂0 clipped or left as it is)",
+                hint="With thresholding=True x̂_0 goes through dynamic_threshold (it replaces clip_sample): "
+                     "a per-sample quantile clamp and rescale.")
+def _(**kw):
+    return wrong_ddim(**kw, no_threshold=True)
 
 
 @ddim_step.trap("x̂0 not clipped (clip_sample is True by default)",
@@ -418,12 +547,29 @@ DDPM_CASES = [
     dict(prediction_type="sample", clip_sample=True, n=10, spacing="linspace", shape=(2, 3, 8, 8)),
     # the full chain of a short schedule: every training timestep, prev_t = t − 1
     dict(prediction_type="epsilon", clip_sample=True, n=25, T=25, schedule="ddpm", shape=(2, 4, 8, 8)),
+    # the other variance types: σ² = β_t of the stride; the posterior's σ through exp(½·log σ²)
+    dict(prediction_type="epsilon", clip_sample=True, n=10, variance_type="fixed_large", shape=(2, 4, 8, 8)),
+    dict(prediction_type="v_prediction", clip_sample=False, n=7, spacing="trailing", T=500,
+         variance_type="fixed_small_log", shape=(2, 3, 8, 8)),
+    # dynamic thresholding in place of clip_sample, with each variance type
+    dict(prediction_type="sample", clip_sample=True, n=8, thresholding=True, ratio=0.9, max_value=2.0,
+         variance_type="fixed_large", shape=(3, 4, 8, 8)),
+    dict(prediction_type="epsilon", clip_sample=False, n=10, thresholding=True, ratio=0.995, max_value=1.5,
+         schedule="ddpm", shape=(2, 3, 8, 8)),
 ]
 DDPM_HALF_CASES = [
     dict(prediction_type="epsilon", clip_sample=True, n=10, shape=(2, 4, 8, 8), dtype="float16"),
     dict(prediction_type="v_prediction", clip_sample=False, n=8, spacing="trailing", T=600, shape=(3, 4, 5, 6),
          dtype="float16"),
+    dict(prediction_type="epsilon", clip_sample=True, n=6, variance_type="fixed_large", thresholding=True,
+         ratio=0.95, max_value=1.8, shape=(2, 4, 8, 8), dtype="float16"),
 ]
+
+
+def ddpm_std(s, t: int):
+    """σ_t of DDPMScheduler's step at t (its _get_variance returns the std itself for "fixed_small_log")."""
+    v = s._get_variance(t)
+    return v if s.config.variance_type == "fixed_small_log" else v**0.5
 
 
 def ddpm_shadow(s64, model_output, t: int, x_t, seed: int, z):
@@ -434,7 +580,7 @@ def ddpm_shadow(s64, model_output, t: int, x_t, seed: int, z):
     out = s64.step(model_output.double(), t, x_t.double(),
                    generator=torch.Generator().manual_seed(seed)).prev_sample
     if t > 0:
-        std = s64._get_variance(t) ** 0.5
+        std = ddpm_std(s64, t)
         own = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         out = out - std * own + std * z.double()
     return out
@@ -443,7 +589,8 @@ def ddpm_shadow(s64, model_output, t: int, x_t, seed: int, z):
 def ddpm_scenarios(case, g, tol):
     g = torch.Generator().manual_seed(seed_from(g))  # see 'Inputs and the global RNG'
     s = scheduler(DDPMScheduler, case, clip_sample=case["clip_sample"],
-                  timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0))
+                  timestep_spacing=case.get("spacing", "leading"), steps_offset=case.get("steps_offset", 0),
+                  variance_type=case.get("variance_type", "fixed_small"), **threshold_config(case))
     s.set_timesteps(case["n"])
     s64 = float64_twin(s)
     ts = s.timesteps.tolist()
@@ -455,13 +602,14 @@ def ddpm_scenarios(case, g, tol):
         drawn = torch.Generator().manual_seed(seed)  # the reference's generator: its state after the step
         ref = s.step(model_output.clone(), t, x_t.clone(), generator=drawn)
         expected = ref.prev_sample
-        std = float(s._get_variance(t)) ** 0.5 if t > 0 else 0.0
+        std = float(ddpm_std(s, t)) if t > 0 else 0.0
         z = randn_tensor(model_output.shape, generator=torch.Generator().manual_seed(seed), dtype=model_output.dtype)
         exact = ddpm_shadow(s64, model_output, t, x_t, seed, z)
         inputs = dict(model_output=model_output, timestep=t, sample=x_t,
                       alphas_cumprod=s.alphas_cumprod.clone(), prev_timestep=prev,
                       generator=torch.Generator().manual_seed(seed),
-                      prediction_type=case["prediction_type"], clip_sample=case["clip_sample"])
+                      prediction_type=case["prediction_type"], clip_sample=case["clip_sample"],
+                      variance_type=case.get("variance_type", "fixed_small"), **threshold_inputs(case))
         scenarios.append(Scenario(inputs=inputs, expected=expected, exact=exact, label=arrow(t, prev),
                                   verify=step_verify(ddpm_step, inputs, expected, tol, std, z, ref.pred_original_sample),
                                   generators_after={"generator": drawn}))
@@ -479,8 +627,10 @@ def _(case, g):
 
 
 def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, generator, prediction_type,
-               clip_sample, *, one_step_alpha=False, ignore_prev=False, wrap=False, no_clip=False,
-               variance_not_std=False, fixed_large=False, no_noise=False):
+               clip_sample, variance_type="fixed_small", thresholding=False, dynamic_thresholding_ratio=0.995,
+               sample_max_value=1.0, *, one_step_alpha=False, ignore_prev=False, wrap=False, no_clip=False,
+               variance_not_std=False, fixed_large=False, fixed_small=False, large_of_table=False,
+               no_noise=False, no_threshold=False):
     """DDPM with one misconception switched on (each trap below names one)."""
     t = timestep
     p = t - 1 if ignore_prev else prev_timestep
@@ -492,12 +642,18 @@ def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, ge
         at = a / ap
     bt = 1 - at
     x0, _ = _x0_eps(model_output, sample, a, prediction_type)
-    if clip_sample and not no_clip:
+    if thresholding and not no_threshold:
+        x0 = wrong_threshold(x0, dynamic_thresholding_ratio, sample_max_value)
+    elif clip_sample and not no_clip:
         x0 = x0.clamp(-1, 1)
     out = (ap**0.5 * bt) / (1 - a) * x0 + at**0.5 * (1 - ap) / (1 - a) * sample
     if t > 0 and not no_noise:
         z = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
-        var = bt if fixed_large else torch.clamp((1 - ap) / (1 - a) * bt, min=1e-20)
+        large = fixed_large or (variance_type == "fixed_large" and not fixed_small)
+        if large and large_of_table:  # β_t of the training table: 1 − ᾱ_t/ᾱ_{t−1}
+            var = 1 - a / alphas_cumprod[t - 1]
+        else:
+            var = bt if large else torch.clamp((1 - ap) / (1 - a) * bt, min=1e-20)
         out = out + (var if variance_not_std else var**0.5) * z
     return out
 
@@ -535,9 +691,30 @@ def _(**kw):
 
 
 @ddpm_step.trap("σ² = β_t ('fixed_large') instead of the posterior variance",
-                hint="DDPMScheduler's default variance_type='fixed_small' is β̃_t = (1−ᾱ_prev)/(1−ᾱ_t)·β_t.")
+                hint="variance_type='fixed_small' (the default, and 'fixed_small_log') is the posterior's "
+                     "β̃_t = (1−ᾱ_prev)/(1−ᾱ_t)·β_t; only 'fixed_large' uses β_t itself.")
 def _(**kw):
     return wrong_ddpm(**kw, fixed_large=True)
+
+
+@ddpm_step.trap("variance_type ignored (the posterior variance 'fixed_small' always)",
+                hint="variance_type='fixed_large' sets σ_t² = β_t = 1 − ᾱ_t/ᾱ_prev, the variance of the "
+                     "forward step, larger than the posterior's β̃_t.")
+def _(**kw):
+    return wrong_ddpm(**kw, fixed_small=True)
+
+
+@ddpm_step.trap("'fixed_large' with β_t of the training table (1 − ᾱ_t/ᾱ_{t−1})",
+                hint="With a strided schedule β_t is the stride's: 1 − ᾱ_t/ᾱ_prev, the same β_t as in the mean.")
+def _(**kw):
+    return wrong_ddpm(**kw, large_of_table=True)
+
+
+@ddpm_step.trap("thresholding ignored (x̂0 clipped or left as it is)",
+                hint="With thresholding=True x̂_0 goes through dynamic_threshold (it replaces clip_sample): "
+                     "a per-sample quantile clamp and rescale.")
+def _(**kw):
+    return wrong_ddpm(**kw, no_threshold=True)
 
 
 @ddpm_step.trap("no noise added (DDPM adds σ_t·z at every t > 0)",

@@ -19,7 +19,7 @@ from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import SCHEDULE, SIGMA, STEP_MATH, TIMESTEP_INDEX
 from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers, sd_schedule
 
@@ -34,10 +34,12 @@ SCHEDULES = {
 
 
 def euler(schedule: str = "SD", *, n: int, spacing: str = "linspace", offset: int = 0, zero_snr: bool = False,
-          prediction_type: str = "epsilon") -> EulerDiscreteScheduler:
-    """An EulerDiscreteScheduler with set_timesteps(n) already called."""
+          prediction_type: str = "epsilon", interpolation: str = "linear", final: str = "zero",
+          raw_table: bool = False) -> EulerDiscreteScheduler:
+    """An EulerDiscreteScheduler with set_timesteps(n) already called (raw_table: see SIGMA_CASES)."""
     s = EulerDiscreteScheduler(**SCHEDULES[schedule], timestep_spacing=spacing, steps_offset=offset,
-                               rescale_betas_zero_snr=zero_snr, prediction_type=prediction_type)
+                               rescale_betas_zero_snr=zero_snr, prediction_type=prediction_type,
+                               interpolation_type=interpolation, final_sigmas_type=final)
     with quiet_diffusers():  # numpy 2 warns in set_timesteps: no business of the learner's
         s.set_timesteps(n)
     # step warns unless scale_model_input ran first; the step check drives step alone on purpose.
@@ -223,11 +225,14 @@ euler_sigmas = Kata(
     hints=(
         "Build the σ table at integer timesteps, read it at each (possibly fractional) timestep by "
         "linear interpolation, and end the ladder at 0.",
-        "σ_k = √((1 − ᾱ_k)/ᾱ_k);  σ(t) = σ_⌊t⌋ + (t − ⌊t⌋)·(σ_{⌊t⌋+1} − σ_⌊t⌋) (in float64);  "
-        "output: [σ(t_0), …, σ(t_{n−1}), 0] as float32.",
-        "table = (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).double(); t = timesteps.double(); "
+        "σ_k = √((1 − ᾱ_k)/ᾱ_k) with ᾱ floored at 2**-24;  σ(t) = σ_⌊t⌋ + (t − ⌊t⌋)·(σ_{⌊t⌋+1} − σ_⌊t⌋) "
+        "(in float64);  output: [σ(t_0), …, σ(t_{n−1}), last] as float32, last = 0 or σ_0 ('sigma_min'); "
+        "'log_linear': n + 1 values evenly spaced in log σ from σ_{T−1} to σ_0 instead of σ(t_i).",
+        "ac = alphas_cumprod.clamp(min=2**-24); table = (((1 - ac) / ac) ** 0.5).double(); t = timesteps.double(); "
         "lo = t.floor().long(); hi = (lo + 1).clamp(max=T - 1); w = t - lo; "
-        "s = (table[hi] - table[lo]) * w + table[lo]; return torch.cat([s, s.new_zeros(1)]).float()",
+        "s = (table[hi] - table[lo]) * w + table[lo]  (log_linear: torch.linspace(float(table[-1].log()), "
+        "float(table[0].log()), n + 1).exp().double()); last = table[:1] if final_sigmas_type == 'sigma_min' "
+        "else s.new_zeros(1); return torch.cat([s, last]).float()",
     ),
     answer_key=(f"{EULER}.set_timesteps",),
 )
@@ -238,16 +243,59 @@ SIGMA_CASES = [
     dict(schedule="SD", n=5, spacing="trailing", zero_snr=True),
     dict(schedule="coarse linear T=50", n=7, spacing="linspace"),
     dict(schedule="coarse scaled_linear T=100", n=8, spacing="linspace"),
+    # the zero-terminal-SNR table as lab 01's rescale gives it, ᾱ_{T−1} = 0 (raw_table): diffusers'
+    # scheduler floors that entry at 2**-24 before its σ table, so σ_max ≈ 4096, not ∞
+    dict(schedule="SD", n=6, spacing="trailing", zero_snr=True, raw_table=True),
+    dict(schedule="coarse scaled_linear T=100", n=5, spacing="linspace", zero_snr=True, raw_table=True,
+         final="sigma_min"),
+    # the ladder's other options: ending at σ_0, and n + 1 σs evenly spaced in log σ (timesteps unused)
+    dict(schedule="SD", n=7, spacing="leading", offset=1, final="sigma_min"),
+    dict(schedule="SD", n=6, spacing="linspace", interpolation="log_linear"),
+    dict(schedule="coarse linear T=50", n=5, spacing="trailing", interpolation="log_linear", final="sigma_min"),
 ]
+
+
+def sigmas_exact(alphas_cumprod, timesteps, interpolation: str, final: str):
+    """The float64 shadow of the ladder: the same table (from the same float32 ᾱ, floored as diffusers
+    floors it), read at the same float32 timesteps or spaced in log σ in float64."""
+    table = _table(alphas_cumprod.clamp(min=2**-24).double())
+    if interpolation == "log_linear":
+        body = torch.linspace(float(table[-1].log()), float(table[0].log()), timesteps.shape[0] + 1,
+                              dtype=torch.float64).exp()
+    else:
+        body = _interp(table, timesteps)
+    return torch.cat([body, table[:1] if final == "sigma_min" else torch.zeros(1, dtype=torch.float64)])
+
+
+def nonfinite_verify(expected: torch.Tensor):
+    """Name 'σ from ᾱ = 0' where the answer is ∞/NaN and diffusers' is finite (the comparison would only
+    say 'non-finite')."""
+    def verify(out):
+        if (type(out) is torch.Tensor and out.shape == expected.shape and not torch.isfinite(out).all()
+                and torch.isfinite(expected).all()):
+            raise KataFailure(
+                f"  output has {int((~torch.isfinite(out)).sum())} non-finite value(s) (inf/nan) where diffusers' "
+                f"σ ladder is finite (σ_max = {float(expected.max()):.6g})\n"
+                f"  trap: {SIGMA_FROM_ZERO}\n    {SIGMA_FROM_ZERO_HINT}")
+    return verify
+
+
+SIGMA_FROM_ZERO = "σ from ᾱ = 0 (∞ at the zero-terminal-SNR end of the table)"
+SIGMA_FROM_ZERO_HINT = ("A zero-terminal-SNR table ends at ᾱ = 0, where √((1 − ᾱ)/ᾱ) = ∞. diffusers reads that "
+                        "ᾱ as 2**-24 (alphas_cumprod.clamp(min=2**-24)), so σ_max = √(2**24 − 1) ≈ 4096.")
 
 
 @euler_sigmas.check("vs EulerDiscreteScheduler.sigmas", cases=SIGMA_CASES, tol=SIGMA)
 def _(case, g):
     s = euler(**case)
-    # the shadow: the σ table in float64 from the same ᾱ, read at the same (float32) timesteps
-    exact = torch.cat([_interp(_table(s.alphas_cumprod.double()), s.timesteps), torch.zeros(1, dtype=torch.float64)])
-    return Scenario(inputs=dict(alphas_cumprod=s.alphas_cumprod.clone(), timesteps=s.timesteps.clone()),
-                    expected=s.sigmas.clone(), exact=exact, label=f"timesteps {_short(s.timesteps)}")
+    interpolation, final = case.get("interpolation", "linear"), case.get("final", "zero")
+    # raw_table: the ᾱ diffusers computed before flooring its last entry (cumprod of its own rescaled β)
+    ac = torch.cumprod(1 - s.betas, 0) if case.get("raw_table") else s.alphas_cumprod.clone()
+    exact = sigmas_exact(s.alphas_cumprod, s.timesteps, interpolation, final)
+    label = f"timesteps {_short(s.timesteps)}" + (", ᾱ_{T−1} = 0" if case.get("raw_table") else "")
+    return Scenario(inputs=dict(alphas_cumprod=ac, timesteps=s.timesteps.clone(), interpolation_type=interpolation,
+                                final_sigmas_type=final),
+                    expected=s.sigmas.clone(), exact=exact, label=label, verify=nonfinite_verify(s.sigmas))
 
 
 def _table(alphas_cumprod):
@@ -262,47 +310,81 @@ def _interp(table, timesteps):
     return (table[hi] - table[lo]) * (t - lo) + table[lo]
 
 
+def wrong_sigmas(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero", *,
+                 no_floor=False, final_zero=False, log_at_timesteps=False):
+    """The σ ladder with one misconception switched on (all switches off = correct)."""
+    ac = alphas_cumprod if no_floor else alphas_cumprod.clamp(min=2**-24)
+    table = _table(ac).double()
+    if log_at_timesteps and interpolation_type == "log_linear":  # log σ interpolated at the timesteps
+        body = _interp(table.log(), timesteps).exp()
+    elif interpolation_type == "log_linear":
+        body = torch.linspace(float(table[-1].log()), float(table[0].log()), timesteps.shape[0] + 1).double().exp()
+    else:
+        body = _interp(table, timesteps)
+    last = table[:1] if final_sigmas_type == "sigma_min" and not final_zero else body.new_zeros(1)
+    return torch.cat([body, last]).to(torch.float32)
+
+
+@euler_sigmas.trap(SIGMA_FROM_ZERO, hint=SIGMA_FROM_ZERO_HINT)
+def _(**kw):
+    return wrong_sigmas(**kw, no_floor=True)
+
+
+@euler_sigmas.trap("final σ = 0 whatever final_sigmas_type says",
+                   hint="final_sigmas_type='sigma_min' ends the ladder at σ_0 = √((1 − ᾱ_0)/ᾱ_0), the smallest "
+                        "trained σ; only 'zero' ends it at 0.")
+def _(**kw):
+    return wrong_sigmas(**kw, final_zero=True)
+
+
+@euler_sigmas.trap("'log_linear' read as log σ interpolated at the timesteps",
+                   hint="diffusers' 'log_linear' ignores the timesteps: n + 1 values evenly spaced in log σ from "
+                        "σ_{T−1} down to σ_0, then the final σ (n + 2 entries).")
+def _(**kw):
+    return wrong_sigmas(**kw, log_at_timesteps=True)
+
+
 def _ladder(sigmas):
     return torch.cat([sigmas, sigmas.new_zeros(1)]).to(torch.float32)
 
 
 @euler_sigmas.trap("no final σ = 0 (n entries instead of n + 1)",
                    hint="Append a 0: the last step goes from σ(t_{n−1}) to σ = 0, the clean sample.")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     return _interp(_table(alphas_cumprod), timesteps).to(torch.float32)
 
 
 @euler_sigmas.trap("ᾱ interpolated, then turned into σ",
                    hint="Interpolate the σ table itself: σ is not linear in ᾱ, so the two disagree between "
                         "grid points.")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     abar = _interp(alphas_cumprod, timesteps)
     return _ladder(((1 - abar) / abar) ** 0.5)
 
 
 @euler_sigmas.trap("σ looked up at int(t) (the fraction dropped, no interpolation)",
                    hint="table[t.long()] truncates 832.5 to 832: interpolate, σ_832 + 0.5·(σ_833 − σ_832).")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     return _ladder(_table(alphas_cumprod).double()[timesteps.long()])
 
 
 @euler_sigmas.trap("σ read at the rounded timestep (no interpolation)",
                    hint="Fractional timesteps such as 832.5 sit between two table entries: interpolate "
                         "linearly between σ_⌊t⌋ and σ_{⌊t⌋+1}.")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     return _ladder(_table(alphas_cumprod).double()[timesteps.round().long()])
 
 
 @euler_sigmas.trap("σ = √(1 − ᾱ) (DDPM's noise coefficient)",
                    hint="Euler's σ is the noise std after dividing x_t by √ᾱ: σ = √((1 − ᾱ)/ᾱ), which reaches "
                         "~14.6, not 1.")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     return _ladder(_interp((1 - alphas_cumprod) ** 0.5, timesteps))
 
 
 @euler_sigmas.trap("σ = √(ᾱ/(1 − ᾱ)) (the ratio upside down)",
                    hint="σ grows with the noise: √((1 − ᾱ)/ᾱ), small at t = 0 and large at t = T−1.")
-def _(alphas_cumprod, timesteps):
+def _(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero"):
     return _ladder(_interp((alphas_cumprod / (1 - alphas_cumprod)) ** 0.5, timesteps))
 
 
@@ -413,7 +495,7 @@ euler_step = Kata(
     hints=(
         "Turn the model output into a clean-sample guess x̂_0, then move x towards it along the ODE "
         "direction (x − x̂_0)/σ by the (negative) step σ_next − σ. Upcast to float32 first.",
-        "ε: x̂_0 = x − σ·ε;  v: x̂_0 = x/(σ² + 1) − σ/√(σ² + 1)·v;  d = (x − x̂_0)/σ;  "
+        "ε: x̂_0 = x − σ·ε;  v: x̂_0 = x/(σ² + 1) − σ/√(σ² + 1)·v;  sample: x̂_0 = the output;  d = (x − x̂_0)/σ;  "
         "x_next = x + (σ_next − σ)·d, cast to model_output.dtype.",
         "x = sample.float(); x0 = x - sigma * model_output (or model_output * (-sigma / (sigma**2 + 1) ** 0.5) "
         "+ x / (sigma**2 + 1)); return (x + (x - x0) / sigma * (sigma_next - sigma)).to(model_output.dtype)",
@@ -435,6 +517,12 @@ STEP_CASES = {
         dict(shape=(2, 4, 8, 8), dtype="float16", n=6, spacing="trailing", zero_snr=True),
         dict(shape=(1, 4, 8, 8), dtype="float16", n=5, spacing="leading", offset=1),
     ],
+    # x̂_0 predicted directly: d = (x − out)/σ. Also with a σ_min-ended ladder and a zero-SNR start (σ = 4096).
+    "sample": [
+        dict(shape=(2, 4, 8, 8), dtype="float32", n=7, spacing="linspace"),
+        dict(shape=(2, 3, 8, 8), dtype="float32", n=6, spacing="trailing", zero_snr=True, final="sigma_min"),
+        dict(shape=(1, 4, 8, 8), dtype="float16", n=5, spacing="leading", offset=1),
+    ],
 }
 
 
@@ -444,6 +532,8 @@ def euler_exact(model_output, sample, sigma, sigma_next, prediction_type):
     x, out, sigma, sigma_next = sample.double(), model_output.double(), sigma.double(), sigma_next.double()
     if prediction_type == "v_prediction":
         x0 = out * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+    elif prediction_type == "sample":
+        x0 = out
     else:
         x0 = x - sigma * out
     return x + (x - x0) / sigma * (sigma_next - sigma)
@@ -480,9 +570,16 @@ def _(case, g):
     return step_scenarios(case, g, "v_prediction")
 
 
+@euler_step.check("vs Euler step, sample", cases=STEP_CASES["sample"], tol=STEP_MATH)
+def _(case, g):
+    return step_scenarios(case, g, "sample")
+
+
 def _x0(model_output, x, sigma, prediction_type):
     if prediction_type == "v_prediction":
         return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+    if prediction_type == "sample":
+        return model_output
     return x - sigma * model_output
 
 
@@ -504,6 +601,16 @@ def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):
 @euler_step.trap("v-prediction treated as ε",
                  hint="With prediction_type='v_prediction' the output is v: x̂_0 = x/(σ² + 1) − σ/√(σ² + 1)·v.")
 def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):
+    if prediction_type == "sample":
+        return _euler(model_output, sample, sigma, sigma_next, model_output)
+    return _euler(model_output, sample, sigma, sigma_next)
+
+
+@euler_step.trap("an x̂0 prediction ('sample') treated as ε",
+                 hint="With prediction_type='sample' the model output is x̂_0 itself: d = (x − output)/σ.")
+def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):
+    if prediction_type == "v_prediction":
+        return _euler(model_output, sample, sigma, sigma_next, _x0(model_output, sample.float(), sigma, prediction_type))
     return _euler(model_output, sample, sigma, sigma_next)
 
 

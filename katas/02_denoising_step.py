@@ -35,6 +35,13 @@ Traps:
     - Noise: std, not variance; drawn with the caller's generator as
       randn(model_output.shape, generator=..., dtype=model_output.dtype); none at DDPM's t = 0;
       DDIM draws one whenever η > 0, even at the last step where σ = 0.
+    - Dynamic thresholding (Imagen; thresholding=True, which replaces clip_sample) picks one threshold
+      per sample, not one for the batch: s_b = the p-quantile of |x̂_0[b]|, clamped to
+      [1, sample_max_value], then clamp to [−s_b, s_b] *and divide by s_b*. The quantile is of the
+      absolute values; without the floor at 1 a quiet sample would be blown up to ±1.
+    - set_alpha_to_one=False: the last DDIM step lands on ᾱ_0 (not 1), so it keeps a little noise.
+    - variance_type="fixed_large" is σ_t² = β_t of the stride (1 − ᾱ_t/ᾱ_prev), not β_t of the
+      training table; "fixed_small_log" is the same σ_t as "fixed_small", written via exp/log.
 
 Precision:
     The course's one policy (lab 01 states it): "dtype of model_output" is the dtype of the answer;
@@ -44,6 +51,9 @@ Precision:
     β_t = 1 − ᾱ_t/ᾱ_prev, which float32 resolves to only ~3e-5 of its value when ᾱ_t ≈ ᾱ_prev
     (T = 25, t = 1 → 0), where float64 or Python-float coefficients (.item(), math.sqrt) are exact.
     Writing it in the input's dtype, as diffusers does, passes too.
+    Thresholding runs in float32 at least (torch.quantile takes no float16; diffusers upcasts too)
+    and casts back; the quantile interpolates between order statistics, so a float64 answer differs
+    from diffusers' by float32 rounding only, and is graded against the float64 shadow like the rest.
 
 Say it out loud:
     "The UNet predicts the noise in x_t (or v, or x_0, per the scheduler config), not the next
@@ -53,7 +63,8 @@ Say it out loud:
     x̂_0 and x_t. Past the first timestep ᾱ is 1: the last step lands on x̂_0 itself."
 
 Graded against: diffusers DDIMScheduler.step (pred_original_sample and prev_sample) and
-DDPMScheduler.step, at every timestep of set_timesteps(n), on fresh seeded inputs.
+DDPMScheduler.step, at every timestep of set_timesteps(n), on fresh seeded inputs, with their options
+(set_alpha_to_one, variance_type, thresholding); DDPMScheduler._threshold_sample.
 Run: python -m pytest katas/02_denoising_step.py
 """
 from typing import Any
@@ -115,6 +126,27 @@ def predict_x0(
     raise NotImplementedError
 
 
+def dynamic_threshold(
+    pred_original_sample: torch.Tensor, dynamic_thresholding_ratio: float = 0.995, sample_max_value: float = 1.0
+) -> torch.Tensor:
+    """Imagen's dynamic thresholding of x̂_0 (Saharia et al. 2022, §2.3): a per-sample clamp, then a rescale.
+
+    For each sample b: s_b = the `dynamic_thresholding_ratio` quantile of |x̂_0[b]| over all its
+    C·H·W values, clamped to [1, sample_max_value];  x̂_0[b] ← clamp(x̂_0[b], −s_b, s_b) / s_b.
+    With s_b = 1 that is plain clipping to [−1, 1]; with s_b > 1 saturated values are pulled inwards.
+    The quantile interpolates linearly between order statistics (torch.quantile's default).
+
+    Graded against: DDPMScheduler._threshold_sample (DDIMScheduler's is the same code)
+    Args:
+        pred_original_sample:       (B, C, H, W) x̂_0, float32 or float16
+        dynamic_thresholding_ratio: the quantile p in (0, 1) (diffusers' default 0.995)
+        sample_max_value:           the largest threshold s may take (≥ 1 to ever rescale)
+    Returns: (B, C, H, W), dtype of pred_original_sample.
+    """
+    # TODO: flatten each sample; s = quantile of |x̂0| per sample, clamped to [1, max]; clamp to ±s, ÷ s
+    raise NotImplementedError
+
+
 def ddim_step(
     model_output: torch.Tensor,
     timestep: int,
@@ -125,15 +157,19 @@ def ddim_step(
     generator: torch.Generator | None = None,
     prediction_type: str = "epsilon",
     clip_sample: bool = True,
+    set_alpha_to_one: bool = True,
+    thresholding: bool = False,
+    dynamic_thresholding_ratio: float = 0.995,
+    sample_max_value: float = 1.0,
 ) -> torch.Tensor:
     """One DDIM update x_t -> x_{prev_t} (Song et al. 2021, eq. 12 and 16).
 
-    prev_t = t − T//n;  ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0
+    prev_t = t − T//n;  ᾱ_prev = alphas_cumprod[prev_t], or (prev_t < 0) 1 if set_alpha_to_one else ᾱ_0
     σ_t = η·√((1 − ᾱ_prev)/(1 − ᾱ_t)·(1 − ᾱ_t/ᾱ_prev))
     x_prev = √ᾱ_prev·x̂_0 + √(1 − ᾱ_prev − σ_t²)·ε̂ + σ_t·z,   z drawn only when η > 0
 
-    Graded against: DDIMScheduler.step(...).prev_sample (set_alpha_to_one=True, the default;
-    use_clipped_model_output=False) at every timestep of set_timesteps(num_inference_steps).
+    Graded against: DDIMScheduler.step(...).prev_sample (use_clipped_model_output=False) at every
+    timestep of set_timesteps(num_inference_steps), with set_alpha_to_one and thresholding on and off.
     Args:
         model_output:        (B, C, H, W) the network's prediction at `timestep`, float32 or float16
         timestep:            t, an entry of the schedule (int)
@@ -144,9 +180,12 @@ def ddim_step(
         generator:           the torch.Generator to draw z from when η > 0
         prediction_type:     "epsilon", "v_prediction" or "sample"
         clip_sample:         clamp x̂_0 to [−1, 1] (the scheduler default)
+        set_alpha_to_one:    past the start of the table ᾱ_prev = 1 (True, the default) or ᾱ_0 (False)
+        thresholding:        dynamic thresholding of x̂_0 (`dynamic_threshold`) instead of clip_sample
+        dynamic_thresholding_ratio, sample_max_value: its quantile and its largest threshold
     Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
     """
-    # TODO: prev_t and both ᾱ; x̂0 and ε̂; clip x̂0; σ from η; combine; add σ·z when η > 0
+    # TODO: prev_t and both ᾱ; x̂0 and ε̂; threshold or clip x̂0; σ from η; combine; add σ·z when η > 0
     raise NotImplementedError
 
 
@@ -159,15 +198,22 @@ def ddpm_step(
     generator: torch.Generator | None = None,
     prediction_type: str = "epsilon",
     clip_sample: bool = True,
+    variance_type: str = "fixed_small",
+    thresholding: bool = False,
+    dynamic_thresholding_ratio: float = 0.995,
+    sample_max_value: float = 1.0,
 ) -> torch.Tensor:
     """One DDPM ancestral update: a draw from q(x_{prev_t} | x_t, x̂_0) (Ho et al. 2020, eq. 6-7).
 
     ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0;  α_t = ᾱ_t/ᾱ_prev;  β_t = 1 − α_t
     μ = √ᾱ_prev·β_t/(1 − ᾱ_t)·x̂_0 + √α_t·(1 − ᾱ_prev)/(1 − ᾱ_t)·x_t
-    x_prev = μ + σ_t·z,  σ_t² = (1 − ᾱ_prev)/(1 − ᾱ_t)·β_t  ("fixed_small"), no z at t = 0
+    x_prev = μ + σ_t·z, no z at t = 0;  σ_t² = (1 − ᾱ_prev)/(1 − ᾱ_t)·β_t  ("fixed_small", the
+    posterior's own variance; "fixed_small_log" is the same σ_t, taken as exp(½·log σ_t²)),
+    or σ_t² = β_t  ("fixed_large", the DDPM paper's other choice, an upper bound)
 
-    Graded against: DDPMScheduler.step(...).prev_sample (variance_type="fixed_small") at every
-    timestep of set_timesteps(n); prev_timestep is the next entry of the schedule (−1 after the last).
+    Graded against: DDPMScheduler.step(...).prev_sample at every timestep of set_timesteps(n), for
+    each variance_type and with thresholding on and off; prev_timestep is the next entry of the
+    schedule (−1 after the last).
     Args:
         model_output:    (B, C, H, W) the network's prediction at `timestep`, float32 or float16
         timestep:        t, an entry of the schedule (int)
@@ -177,7 +223,10 @@ def ddpm_step(
         generator:       the torch.Generator to draw z from
         prediction_type: "epsilon", "v_prediction" or "sample"
         clip_sample:     clamp x̂_0 to [−1, 1] (the scheduler default)
+        variance_type:   "fixed_small" (the default), "fixed_small_log" or "fixed_large"
+        thresholding:    dynamic thresholding of x̂_0 (`dynamic_threshold`) instead of clip_sample
+        dynamic_thresholding_ratio, sample_max_value: its quantile and its largest threshold
     Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
     """
-    # TODO: ᾱ at both ends; α_t = ᾱ_t/ᾱ_prev; x̂0 (clipped); posterior mean; + std·z if t > 0
+    # TODO: ᾱ at both ends; α_t = ᾱ_t/ᾱ_prev; x̂0 (thresholded or clipped); posterior mean; + std·z if t > 0
     raise NotImplementedError

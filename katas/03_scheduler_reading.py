@@ -40,8 +40,13 @@ Traps:
     - Rounding Euler's "linspace" timesteps, or interpolating ᾱ instead of σ between table entries.
     - The σ ladder has n + 1 entries: the last one is 0, the clean end of the last step.
     - scale_model_input divides by √(σ² + 1): not by σ, not a multiplication.
-    - The model's output means what `prediction_type` says: treating a v-prediction as ε gives a
-      wrong x̂_0 at every step.
+    - The model's output means what `prediction_type` says: treating a v-prediction (or an x̂_0
+      prediction, "sample") as ε gives a wrong x̂_0 at every step.
+    - σ from ᾱ = 0: a zero-terminal-SNR table (lab 01's rescale) ends at ᾱ = 0, and √((1 − ᾱ)/ᾱ)
+      is ∞ there; the whole run is then NaN. diffusers floors that ᾱ at 2**-24, so σ_max ≈ 4096.
+    - final_sigmas_type="sigma_min" ends the ladder at σ_0 (the smallest trained σ), not 0: the last
+      step stops short of the clean sample. "log_linear" interpolation spaces n + 1 σs evenly in
+      log σ between σ_{T−1} and σ_0 and ignores the timesteps (then the final σ: n + 2 entries).
 
 Precision:
     The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
@@ -49,6 +54,9 @@ Precision:
     about as close to it as diffusers' own answer. Euler's step must not run narrower than float32
     (float16 cannot resolve x − x̂_0 at large σ: that is a trap), but float64 is fine: at σ = 4096
     (zero terminal SNR, v-prediction) it is closer to exact math than diffusers' float32 step.
+    The 2**-24 floor is a value, not a rounding: σ_max = √((1 − 2**-24)/2**-24) must come out ≈ 4096
+    (float32 computes it to 1 ulp), and "log_linear" ladders are graded against the same geometric
+    ladder in float64 (diffusers' float32 linspace of log σ is a few ulps from it).
 
 Say it out loud:
     "set_timesteps turns the training range 0 … T−1 into n descending timesteps according to the
@@ -119,19 +127,32 @@ def euler_timesteps(
     raise NotImplementedError
 
 
-def euler_sigmas(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-    """Euler's σ ladder: σ(t) at each inference timestep, linearly interpolated, then a final 0.
+def euler_sigmas(
+    alphas_cumprod: torch.Tensor,
+    timesteps: torch.Tensor,
+    interpolation_type: str = "linear",
+    final_sigmas_type: str = "zero",
+) -> torch.Tensor:
+    """Euler's σ ladder: σ(t) at each inference timestep, linearly interpolated, then a final σ.
 
     σ(t) = σ_⌊t⌋ + (t − ⌊t⌋)·(σ_{⌊t⌋+1} − σ_⌊t⌋), with σ_k = √((1 − ᾱ_k)/ᾱ_k) the table of
     `training_sigmas`. Interpolate σ, not ᾱ; in float64 (as numpy's interp), cast to float32 at the end.
+    A zero-terminal-SNR table has ᾱ_{T−1} = 0 and σ = ∞ there: diffusers reads it as ᾱ = 2**-24
+    (float16's smallest subnormal), so σ_max = √(2**24 − 1) ≈ 4096.
+    interpolation_type="log_linear" ignores the timesteps: n + 1 values evenly spaced in log σ from
+    σ_{T−1} down to σ_0 (diffusers computes them in float32), and the final σ after them (n + 2 in all).
+    final_sigmas_type: "zero" ends the ladder at 0 (the clean sample), "sigma_min" at σ_0.
 
     Graded against: EulerDiscreteScheduler(...).set_timesteps(n) → .sigmas
     Args:
-        alphas_cumprod: (T,) float32, the training schedule ᾱ
-        timesteps:      (n,) float32, descending, values in [0, T−1] (from `euler_timesteps`)
-    Returns: (n + 1,) float32: σ(timesteps[0]), …, σ(timesteps[n−1]), 0.
+        alphas_cumprod:     (T,) float32, the training schedule ᾱ (its last entry may be 0)
+        timesteps:          (n,) float32, descending, values in [0, T−1] (from `euler_timesteps`)
+        interpolation_type: "linear" (the default) or "log_linear"
+        final_sigmas_type:  "zero" (the default) or "sigma_min"
+    Returns: (n + 1,) float32: σ(timesteps[0]), …, σ(timesteps[n−1]), then 0 or σ_0
+             ((n + 2,) for "log_linear").
     """
-    # TODO: σ table in float32, interpolate it at t in float64, cast, append a 0
+    # TODO: ᾱ floored at 2**-24; σ table; interpolate it at t in float64 (or log-linear); cast; append the final σ
     raise NotImplementedError
 
 
@@ -174,15 +195,16 @@ def euler_step(
 
     x̂_0 = x − σ·ε                                  (prediction_type="epsilon")
     x̂_0 = x/(σ² + 1) − σ/√(σ² + 1) · v             (prediction_type="v_prediction")
+    x̂_0 = the model output itself                   (prediction_type="sample")
     d = (x − x̂_0)/σ,   x_next = x + (σ_next − σ)·d
 
     Graded against: EulerDiscreteScheduler.step(...).prev_sample, at every timestep of a schedule
     Args:
-        model_output:    (B, C, H, W) the denoiser's output (ε or v), float32 or float16
+        model_output:    (B, C, H, W) the denoiser's output (ε, v or x̂_0), float32 or float16
         sample:          (B, C, H, W) the current latent x (not the scaled model input)
         sigma:           () float32, σ_i = sigmas[i] (a 0-dim tensor, as in diffusers)
         sigma_next:      () float32, σ_{i+1} = sigmas[i + 1] (0 at the last step)
-        prediction_type: "epsilon" or "v_prediction", as the model was trained
+        prediction_type: "epsilon", "v_prediction" or "sample", as the model was trained
     Returns: (B, C, H, W) x_next, dtype of model_output.
     """
     # TODO: upcast x, get x̂_0 from the prediction type, derivative, step by σ_next − σ, cast

@@ -35,6 +35,13 @@ Traps:
     - Noise: std, not variance; drawn with the caller's generator as
       randn(model_output.shape, generator=..., dtype=model_output.dtype); none at DDPM's t = 0;
       DDIM draws one whenever η > 0, even at the last step where σ = 0.
+    - Dynamic thresholding (Imagen; thresholding=True, which replaces clip_sample) picks one threshold
+      per sample, not one for the batch: s_b = the p-quantile of |x̂_0[b]|, clamped to
+      [1, sample_max_value], then clamp to [−s_b, s_b] *and divide by s_b*. The quantile is of the
+      absolute values; without the floor at 1 a quiet sample would be blown up to ±1.
+    - set_alpha_to_one=False: the last DDIM step lands on ᾱ_0 (not 1), so it keeps a little noise.
+    - variance_type="fixed_large" is σ_t² = β_t of the stride (1 − ᾱ_t/ᾱ_prev), not β_t of the
+      training table; "fixed_small_log" is the same σ_t as "fixed_small", written via exp/log.
 
 Precision:
     The course's one policy (lab 01 states it): "dtype of model_output" is the dtype of the answer;
@@ -44,6 +51,9 @@ Precision:
     β_t = 1 − ᾱ_t/ᾱ_prev, which float32 resolves to only ~3e-5 of its value when ᾱ_t ≈ ᾱ_prev
     (T = 25, t = 1 → 0), where float64 or Python-float coefficients (.item(), math.sqrt) are exact.
     Writing it in the input's dtype, as diffusers does, passes too.
+    Thresholding runs in float32 at least (torch.quantile takes no float16; diffusers upcasts too)
+    and casts back; the quantile interpolates between order statistics, so a float64 answer differs
+    from diffusers' by float32 rounding only, and is graded against the float64 shadow like the rest.
 
 Say it out loud:
     "The UNet predicts the noise in x_t (or v, or x_0, per the scheduler config), not the next
@@ -53,7 +63,8 @@ Say it out loud:
     x̂_0 and x_t. Past the first timestep ᾱ is 1: the last step lands on x̂_0 itself."
 
 Graded against: diffusers DDIMScheduler.step (pred_original_sample and prev_sample) and
-DDPMScheduler.step, at every timestep of set_timesteps(n), on fresh seeded inputs.
+DDPMScheduler.step, at every timestep of set_timesteps(n), on fresh seeded inputs, with their options
+(set_alpha_to_one, variance_type, thresholding); DDPMScheduler._threshold_sample.
 Run: python -m pytest katas/02_denoising_step.py
 """
 from typing import Any
@@ -126,6 +137,38 @@ def predict_x0(
     # END SOLUTION
 
 
+def dynamic_threshold(
+    pred_original_sample: torch.Tensor, dynamic_thresholding_ratio: float = 0.995, sample_max_value: float = 1.0
+) -> torch.Tensor:
+    """Imagen's dynamic thresholding of x̂_0 (Saharia et al. 2022, §2.3): a per-sample clamp, then a rescale.
+
+    For each sample b: s_b = the `dynamic_thresholding_ratio` quantile of |x̂_0[b]| over all its
+    C·H·W values, clamped to [1, sample_max_value];  x̂_0[b] ← clamp(x̂_0[b], −s_b, s_b) / s_b.
+    With s_b = 1 that is plain clipping to [−1, 1]; with s_b > 1 saturated values are pulled inwards.
+    The quantile interpolates linearly between order statistics (torch.quantile's default).
+
+    Graded against: DDPMScheduler._threshold_sample (DDIMScheduler's is the same code)
+    Args:
+        pred_original_sample:       (B, C, H, W) x̂_0, float32 or float16
+        dynamic_thresholding_ratio: the quantile p in (0, 1) (diffusers' default 0.995)
+        sample_max_value:           the largest threshold s may take (≥ 1 to ever rescale)
+    Returns: (B, C, H, W), dtype of pred_original_sample.
+    """
+    # BEGIN SOLUTION: flatten each sample; s = quantile of |x̂0| per sample, clamped to [1, max]; clamp to ±s, ÷ s
+    # Notation: s -> the per-sample threshold s_b, shape (B, 1) so it broadcasts over each row.
+    x = pred_original_sample
+    # 1. float32 at least: torch.quantile takes no float16 (diffusers upcasts the same way).
+    flat = x.reshape(x.shape[0], -1)  # (B, C·H·W): one row per sample, never one s for the batch
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.to(torch.float32)
+    # 2. the threshold of each sample: a high quantile of |x̂_0|, never below 1 (then it is plain clipping).
+    s = torch.quantile(flat.abs(), dynamic_thresholding_ratio, dim=1)
+    s = torch.clamp(s, min=1, max=sample_max_value).unsqueeze(1)  # (B, 1)
+    # 3. clamp to [−s, s], then divide by s: the result lies in [−1, 1] again.
+    return (torch.clamp(flat, -s, s) / s).reshape(x.shape).to(x.dtype)
+    # END SOLUTION
+
+
 def ddim_step(
     model_output: torch.Tensor,
     timestep: int,
@@ -136,15 +179,19 @@ def ddim_step(
     generator: torch.Generator | None = None,
     prediction_type: str = "epsilon",
     clip_sample: bool = True,
+    set_alpha_to_one: bool = True,
+    thresholding: bool = False,
+    dynamic_thresholding_ratio: float = 0.995,
+    sample_max_value: float = 1.0,
 ) -> torch.Tensor:
     """One DDIM update x_t -> x_{prev_t} (Song et al. 2021, eq. 12 and 16).
 
-    prev_t = t − T//n;  ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0
+    prev_t = t − T//n;  ᾱ_prev = alphas_cumprod[prev_t], or (prev_t < 0) 1 if set_alpha_to_one else ᾱ_0
     σ_t = η·√((1 − ᾱ_prev)/(1 − ᾱ_t)·(1 − ᾱ_t/ᾱ_prev))
     x_prev = √ᾱ_prev·x̂_0 + √(1 − ᾱ_prev − σ_t²)·ε̂ + σ_t·z,   z drawn only when η > 0
 
-    Graded against: DDIMScheduler.step(...).prev_sample (set_alpha_to_one=True, the default;
-    use_clipped_model_output=False) at every timestep of set_timesteps(num_inference_steps).
+    Graded against: DDIMScheduler.step(...).prev_sample (use_clipped_model_output=False) at every
+    timestep of set_timesteps(num_inference_steps), with set_alpha_to_one and thresholding on and off.
     Args:
         model_output:        (B, C, H, W) the network's prediction at `timestep`, float32 or float16
         timestep:            t, an entry of the schedule (int)
@@ -155,9 +202,12 @@ def ddim_step(
         generator:           the torch.Generator to draw z from when η > 0
         prediction_type:     "epsilon", "v_prediction" or "sample"
         clip_sample:         clamp x̂_0 to [−1, 1] (the scheduler default)
+        set_alpha_to_one:    past the start of the table ᾱ_prev = 1 (True, the default) or ᾱ_0 (False)
+        thresholding:        dynamic thresholding of x̂_0 (`dynamic_threshold`) instead of clip_sample
+        dynamic_thresholding_ratio, sample_max_value: its quantile and its largest threshold
     Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
     """
-    # BEGIN SOLUTION: prev_t and both ᾱ; x̂0 and ε̂; clip x̂0; σ from η; combine; add σ·z when η > 0
+    # BEGIN SOLUTION: prev_t and both ᾱ; x̂0 and ε̂; threshold or clip x̂0; σ from η; combine; add σ·z when η > 0
     # Notation: alpha_prod_t -> ᾱ_t, alpha_prod_t_prev -> ᾱ_{t_prev}, std_dev_t -> σ_t,
     #           pred_original_sample -> x̂_0, pred_epsilon -> ε̂, eta -> η.
     # 1. the previous timestep: a fixed stride T//n, whatever the spacing of the schedule.
@@ -165,17 +215,22 @@ def ddim_step(
     prev_timestep = timestep - num_train_timesteps // num_inference_steps
 
     # 2. ᾱ at both ends. Past the start of the table the target is clean data: ᾱ = 1
-    #    (never alphas_cumprod[negative]: Python would wrap to the noisy end of the table).
+    #    (never alphas_cumprod[negative]: Python would wrap to the noisy end of the table);
+    #    set_alpha_to_one=False stops at the table's first entry ᾱ_0 instead (diffusers' final_alpha_cumprod).
+    final_alpha_cumprod = torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]
     alpha_prod_t = alphas_cumprod[timestep]
-    alpha_prod_t_prev = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)
+    alpha_prod_t_prev = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else final_alpha_cumprod
     beta_prod_t = 1 - alpha_prod_t
 
     # 3. the model's prediction as x̂_0 and ε̂, both from the raw output.
     pred_original_sample = predict_x0(model_output, sample, alpha_prod_t, prediction_type)
     pred_epsilon = predict_epsilon(model_output, sample, alpha_prod_t, prediction_type)
 
-    # 4. clip x̂_0 only; ε̂ keeps the unclipped value (diffusers' use_clipped_model_output=False).
-    if clip_sample:
+    # 4. threshold or clip x̂_0 only (thresholding wins over clip_sample); ε̂ keeps the unclipped value
+    #    (diffusers' use_clipped_model_output=False).
+    if thresholding:
+        pred_original_sample = dynamic_threshold(pred_original_sample, dynamic_thresholding_ratio, sample_max_value)
+    elif clip_sample:
         pred_original_sample = pred_original_sample.clamp(-1.0, 1.0)
 
     # 5. σ_t (eq. 16): η = 1 gives DDPM's posterior std, η = 0 a deterministic step.
@@ -208,15 +263,22 @@ def ddpm_step(
     generator: torch.Generator | None = None,
     prediction_type: str = "epsilon",
     clip_sample: bool = True,
+    variance_type: str = "fixed_small",
+    thresholding: bool = False,
+    dynamic_thresholding_ratio: float = 0.995,
+    sample_max_value: float = 1.0,
 ) -> torch.Tensor:
     """One DDPM ancestral update: a draw from q(x_{prev_t} | x_t, x̂_0) (Ho et al. 2020, eq. 6-7).
 
     ᾱ_prev = alphas_cumprod[prev_t], or 1 if prev_t < 0;  α_t = ᾱ_t/ᾱ_prev;  β_t = 1 − α_t
     μ = √ᾱ_prev·β_t/(1 − ᾱ_t)·x̂_0 + √α_t·(1 − ᾱ_prev)/(1 − ᾱ_t)·x_t
-    x_prev = μ + σ_t·z,  σ_t² = (1 − ᾱ_prev)/(1 − ᾱ_t)·β_t  ("fixed_small"), no z at t = 0
+    x_prev = μ + σ_t·z, no z at t = 0;  σ_t² = (1 − ᾱ_prev)/(1 − ᾱ_t)·β_t  ("fixed_small", the
+    posterior's own variance; "fixed_small_log" is the same σ_t, taken as exp(½·log σ_t²)),
+    or σ_t² = β_t  ("fixed_large", the DDPM paper's other choice, an upper bound)
 
-    Graded against: DDPMScheduler.step(...).prev_sample (variance_type="fixed_small") at every
-    timestep of set_timesteps(n); prev_timestep is the next entry of the schedule (−1 after the last).
+    Graded against: DDPMScheduler.step(...).prev_sample at every timestep of set_timesteps(n), for
+    each variance_type and with thresholding on and off; prev_timestep is the next entry of the
+    schedule (−1 after the last).
     Args:
         model_output:    (B, C, H, W) the network's prediction at `timestep`, float32 or float16
         timestep:        t, an entry of the schedule (int)
@@ -226,9 +288,12 @@ def ddpm_step(
         generator:       the torch.Generator to draw z from
         prediction_type: "epsilon", "v_prediction" or "sample"
         clip_sample:     clamp x̂_0 to [−1, 1] (the scheduler default)
+        variance_type:   "fixed_small" (the default), "fixed_small_log" or "fixed_large"
+        thresholding:    dynamic thresholding of x̂_0 (`dynamic_threshold`) instead of clip_sample
+        dynamic_thresholding_ratio, sample_max_value: its quantile and its largest threshold
     Returns: (B, C, H, W) x_{prev_t}, dtype of model_output.
     """
-    # BEGIN SOLUTION: ᾱ at both ends; α_t = ᾱ_t/ᾱ_prev; x̂0 (clipped); posterior mean; + std·z if t > 0
+    # BEGIN SOLUTION: ᾱ at both ends; α_t = ᾱ_t/ᾱ_prev; x̂0 (thresholded or clipped); posterior mean; + std·z if t > 0
     # Notation: alpha_prod_t -> ᾱ_t, alpha_prod_t_prev -> ᾱ_prev, current_alpha_t -> α_t,
     #           current_beta_t -> β_t (of this stride), pred_original_sample -> x̂_0.
     # 1. ᾱ at both ends (1 past the start of the table), and the stride's own α_t and β_t: with
@@ -240,9 +305,11 @@ def ddpm_step(
     current_alpha_t = alpha_prod_t / alpha_prod_t_prev
     current_beta_t = 1 - current_alpha_t
 
-    # 2. x̂_0 from the prediction, then clipped.
+    # 2. x̂_0 from the prediction, then thresholded (which wins over clip_sample) or clipped.
     pred_original_sample = predict_x0(model_output, sample, alpha_prod_t, prediction_type)
-    if clip_sample:
+    if thresholding:
+        pred_original_sample = dynamic_threshold(pred_original_sample, dynamic_thresholding_ratio, sample_max_value)
+    elif clip_sample:
         pred_original_sample = pred_original_sample.clamp(-1.0, 1.0)
 
     # 3. the posterior mean (eq. 7): a blend of x̂_0 and x_t.
@@ -251,10 +318,16 @@ def ddpm_step(
     pred_prev_sample = pred_original_sample_coeff * pred_original_sample + current_sample_coeff * sample
 
     # 4. the posterior noise, as a std (√ of the variance); none at t = 0, where the mean is x̂_0.
-    #    The variance is clamped at 1e-20 as diffusers does (it is 0 at a step onto prev_t < 0).
+    #    "fixed_small": the posterior variance, clamped at 1e-20 as diffusers does (it is 0 at a step
+    #    onto prev_t < 0); "fixed_small_log" is the same std; "fixed_large": β_t of this stride.
     if timestep > 0:
         variance_noise = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
-        variance = torch.clamp(beta_prod_t_prev / beta_prod_t * current_beta_t, min=1e-20)
+        if variance_type in ("fixed_small", "fixed_small_log"):
+            variance = torch.clamp(beta_prod_t_prev / beta_prod_t * current_beta_t, min=1e-20)
+        elif variance_type == "fixed_large":
+            variance = current_beta_t
+        else:
+            raise ValueError(f"unsupported variance_type {variance_type!r}")
         pred_prev_sample = pred_prev_sample + variance ** (0.5) * variance_noise.to(model_output.device)
     return pred_prev_sample
     # END SOLUTION

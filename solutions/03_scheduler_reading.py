@@ -40,8 +40,13 @@ Traps:
     - Rounding Euler's "linspace" timesteps, or interpolating ᾱ instead of σ between table entries.
     - The σ ladder has n + 1 entries: the last one is 0, the clean end of the last step.
     - scale_model_input divides by √(σ² + 1): not by σ, not a multiplication.
-    - The model's output means what `prediction_type` says: treating a v-prediction as ε gives a
-      wrong x̂_0 at every step.
+    - The model's output means what `prediction_type` says: treating a v-prediction (or an x̂_0
+      prediction, "sample") as ε gives a wrong x̂_0 at every step.
+    - σ from ᾱ = 0: a zero-terminal-SNR table (lab 01's rescale) ends at ᾱ = 0, and √((1 − ᾱ)/ᾱ)
+      is ∞ there; the whole run is then NaN. diffusers floors that ᾱ at 2**-24, so σ_max ≈ 4096.
+    - final_sigmas_type="sigma_min" ends the ladder at σ_0 (the smallest trained σ), not 0: the last
+      step stops short of the clean sample. "log_linear" interpolation spaces n + 1 σs evenly in
+      log σ between σ_{T−1} and σ_0 and ignores the timesteps (then the final σ: n + 2 entries).
 
 Precision:
     The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
@@ -49,6 +54,9 @@ Precision:
     about as close to it as diffusers' own answer. Euler's step must not run narrower than float32
     (float16 cannot resolve x − x̂_0 at large σ: that is a trap), but float64 is fine: at σ = 4096
     (zero terminal SNR, v-prediction) it is closer to exact math than diffusers' float32 step.
+    The 2**-24 floor is a value, not a rounding: σ_max = √((1 − 2**-24)/2**-24) must come out ≈ 4096
+    (float32 computes it to 1 ulp), and "log_linear" ladders are graded against the same geometric
+    ladder in float64 (diffusers' float32 linspace of log σ is a few ulps from it).
 
 Say it out loud:
     "set_timesteps turns the training range 0 … T−1 into n descending timesteps according to the
@@ -144,32 +152,62 @@ def euler_timesteps(
     # END SOLUTION
 
 
-def euler_sigmas(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-    """Euler's σ ladder: σ(t) at each inference timestep, linearly interpolated, then a final 0.
+def euler_sigmas(
+    alphas_cumprod: torch.Tensor,
+    timesteps: torch.Tensor,
+    interpolation_type: str = "linear",
+    final_sigmas_type: str = "zero",
+) -> torch.Tensor:
+    """Euler's σ ladder: σ(t) at each inference timestep, linearly interpolated, then a final σ.
 
     σ(t) = σ_⌊t⌋ + (t − ⌊t⌋)·(σ_{⌊t⌋+1} − σ_⌊t⌋), with σ_k = √((1 − ᾱ_k)/ᾱ_k) the table of
     `training_sigmas`. Interpolate σ, not ᾱ; in float64 (as numpy's interp), cast to float32 at the end.
+    A zero-terminal-SNR table has ᾱ_{T−1} = 0 and σ = ∞ there: diffusers reads it as ᾱ = 2**-24
+    (float16's smallest subnormal), so σ_max = √(2**24 − 1) ≈ 4096.
+    interpolation_type="log_linear" ignores the timesteps: n + 1 values evenly spaced in log σ from
+    σ_{T−1} down to σ_0 (diffusers computes them in float32), and the final σ after them (n + 2 in all).
+    final_sigmas_type: "zero" ends the ladder at 0 (the clean sample), "sigma_min" at σ_0.
 
     Graded against: EulerDiscreteScheduler(...).set_timesteps(n) → .sigmas
     Args:
-        alphas_cumprod: (T,) float32, the training schedule ᾱ
-        timesteps:      (n,) float32, descending, values in [0, T−1] (from `euler_timesteps`)
-    Returns: (n + 1,) float32: σ(timesteps[0]), …, σ(timesteps[n−1]), 0.
+        alphas_cumprod:     (T,) float32, the training schedule ᾱ (its last entry may be 0)
+        timesteps:          (n,) float32, descending, values in [0, T−1] (from `euler_timesteps`)
+        interpolation_type: "linear" (the default) or "log_linear"
+        final_sigmas_type:  "zero" (the default) or "sigma_min"
+    Returns: (n + 1,) float32: σ(timesteps[0]), …, σ(timesteps[n−1]), then 0 or σ_0
+             ((n + 2,) for "log_linear").
     """
-    # BEGIN SOLUTION: σ table in float32, interpolate it at t in float64, cast, append a 0
+    # BEGIN SOLUTION: ᾱ floored at 2**-24; σ table; interpolate it at t in float64 (or log-linear); cast; append the final σ
     # Notation: table -> σ_k at integer k; lo/hi -> the neighbouring grid points; w -> t − ⌊t⌋.
     T = alphas_cumprod.shape[0]
+    # 0. ᾱ = 0 (zero terminal SNR) would give σ = ∞: diffusers sets that entry to 2**-24 instead.
+    alphas_cumprod = alphas_cumprod.clamp(min=2**-24)
     # 1. The table at integer timesteps, in float32 (diffusers builds it from the float32 ᾱ).
-    table = (((1 - alphas_cumprod) / alphas_cumprod) ** 0.5).to(torch.float64)  # (T,)
-    # 2. Linear interpolation between the two neighbouring table entries (np.interp's rule).
-    #    At t = T−1 both neighbours are T−1 and the weight is 0.
-    t = timesteps.to(torch.float64)  # (n,)
-    lo = t.floor().clamp(0, T - 1).to(torch.int64)
-    hi = (lo + 1).clamp(max=T - 1)
-    w = t - lo.to(torch.float64)
-    sigmas = (table[hi] - table[lo]) * w + table[lo]  # (n,)
-    # 3. The clean end: the last step lands on σ = 0 (final_sigmas_type="zero").
-    return torch.cat([sigmas, sigmas.new_zeros(1)]).to(torch.float32)  # (n + 1,)
+    table32 = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5  # (T,)
+    table = table32.to(torch.float64)
+    if interpolation_type == "linear":
+        # 2. Linear interpolation between the two neighbouring table entries (np.interp's rule).
+        #    At t = T−1 both neighbours are T−1 and the weight is 0.
+        t = timesteps.to(torch.float64)  # (n,)
+        lo = t.floor().clamp(0, T - 1).to(torch.int64)
+        hi = (lo + 1).clamp(max=T - 1)
+        w = t - lo.to(torch.float64)
+        sigmas = (table[hi] - table[lo]) * w + table[lo]  # (n,)
+    elif interpolation_type == "log_linear":
+        # 2'. n + 1 points evenly spaced in log σ from σ_max = σ_{T−1} to σ_min = σ_0; the timesteps
+        #     play no part (diffusers' float32 torch.linspace of the float32 logs, then exp).
+        n = timesteps.shape[0]
+        sigmas = torch.linspace(float(table32[-1].log()), float(table32[0].log()), n + 1).exp().to(torch.float64)
+    else:
+        raise ValueError(f"unknown interpolation_type {interpolation_type!r}")
+    # 3. The end of the last step: σ = 0, the clean sample ("zero"), or σ_0 ("sigma_min").
+    if final_sigmas_type == "zero":
+        last = sigmas.new_zeros(1)
+    elif final_sigmas_type == "sigma_min":
+        last = table[:1]
+    else:
+        raise ValueError(f"unknown final_sigmas_type {final_sigmas_type!r}")
+    return torch.cat([sigmas, last]).to(torch.float32)
     # END SOLUTION
 
 
@@ -219,15 +257,16 @@ def euler_step(
 
     x̂_0 = x − σ·ε                                  (prediction_type="epsilon")
     x̂_0 = x/(σ² + 1) − σ/√(σ² + 1) · v             (prediction_type="v_prediction")
+    x̂_0 = the model output itself                   (prediction_type="sample")
     d = (x − x̂_0)/σ,   x_next = x + (σ_next − σ)·d
 
     Graded against: EulerDiscreteScheduler.step(...).prev_sample, at every timestep of a schedule
     Args:
-        model_output:    (B, C, H, W) the denoiser's output (ε or v), float32 or float16
+        model_output:    (B, C, H, W) the denoiser's output (ε, v or x̂_0), float32 or float16
         sample:          (B, C, H, W) the current latent x (not the scaled model input)
         sigma:           () float32, σ_i = sigmas[i] (a 0-dim tensor, as in diffusers)
         sigma_next:      () float32, σ_{i+1} = sigmas[i + 1] (0 at the last step)
-        prediction_type: "epsilon" or "v_prediction", as the model was trained
+        prediction_type: "epsilon", "v_prediction" or "sample", as the model was trained
     Returns: (B, C, H, W) x_next, dtype of model_output.
     """
     # BEGIN SOLUTION: upcast x, get x̂_0 from the prediction type, derivative, step by σ_next − σ, cast
@@ -241,6 +280,9 @@ def euler_step(
         # v was defined on the unit-scale latent x/√(σ²+1): x̂_0 = √ᾱ·(x/√(σ²+1)) − √(1−ᾱ)·v
         # with √ᾱ = 1/√(σ² + 1) and √(1 − ᾱ) = σ/√(σ² + 1).
         x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+    elif prediction_type == "sample":
+        # the model predicted the clean sample itself: no conversion.
+        x0 = model_output
     else:
         raise ValueError(f"unknown prediction_type {prediction_type!r}")
     # 3. The probability-flow ODE dx/dσ = (x − x̂_0)/σ, one Euler step of size σ_next − σ (< 0).

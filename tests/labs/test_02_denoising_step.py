@@ -11,10 +11,13 @@ DDIM_HEAD = """
 T = alphas_cumprod.shape[0]
 prev_t = timestep - T // num_inference_steps
 a = alphas_cumprod[timestep]
-ap = alphas_cumprod[prev_t] if prev_t >= 0 else torch.tensor(1.0)
+final = torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]
+ap = alphas_cumprod[prev_t] if prev_t >= 0 else final
 x0 = predict_x0(model_output, sample, a, prediction_type)
 eps = predict_epsilon(model_output, sample, a, prediction_type)
-if clip_sample:
+if thresholding:
+    x0 = dynamic_threshold(x0, dynamic_thresholding_ratio, sample_max_value)
+elif clip_sample:
     x0 = x0.clamp(-1, 1)
 std = eta * ((1 - ap) / (1 - a) * (1 - a / ap)) ** 0.5
 """
@@ -30,15 +33,26 @@ ap = alphas_cumprod[prev_timestep] if prev_timestep >= 0 else torch.tensor(1.0)
 at = a / ap
 bt = 1 - at
 x0 = predict_x0(model_output, sample, a, prediction_type)
-if clip_sample:
+if thresholding:
+    x0 = dynamic_threshold(x0, dynamic_thresholding_ratio, sample_max_value)
+elif clip_sample:
     x0 = x0.clamp(-1, 1)
 """
 DDPM_MEAN = "out = ap ** 0.5 * bt / (1 - a) * x0 + at ** 0.5 * (1 - ap) / (1 - a) * sample\n"
 DDPM_NOISE = """
 if timestep > 0:
     var = ((1 - ap) / (1 - a) * bt).clamp(min=1e-20)
+    if variance_type == "fixed_large":
+        var = bt
     out = out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
 return out
+"""
+
+THRESHOLD = """
+x = pred_original_sample
+flat = x.reshape(x.shape[0], -1).float()
+s = torch.quantile(flat.abs(), dynamic_thresholding_ratio, dim=1).clamp(min=1, max=sample_max_value).unsqueeze(1)
+return (torch.clamp(flat, -s, s) / s).reshape(x.shape).to(x.dtype)
 """
 
 MUTANTS = [
@@ -107,10 +121,16 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
     # ---- ddim_step
     ("ddim_step", DDIM_HEAD.replace("timestep - T // num_inference_steps", "timestep - 1") + DDIM_TAIL,
      "prev_t = t − 1"),
-    ("ddim_step", DDIM_HEAD.replace("if prev_t >= 0 else torch.tensor(1.0)", "") + DDIM_TAIL,
+    ("ddim_step", DDIM_HEAD.replace(" if prev_t >= 0 else final", "") + DDIM_TAIL,
      "ᾱ_prev read at a negative index"),
-    ("ddim_step", DDIM_HEAD.replace("torch.tensor(1.0)", "alphas_cumprod[0]") + DDIM_TAIL,
+    ("ddim_step", DDIM_HEAD.replace("torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]",
+                                    "alphas_cumprod[0]") + DDIM_TAIL,
      "ᾱ_prev = alphas_cumprod[0] at the last step"),
+    ("ddim_step", DDIM_HEAD.replace("torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]",
+                                    "torch.tensor(1.0)") + DDIM_TAIL,
+     "set_alpha_to_one=False ignored"),
+    ("ddim_step", DDIM_HEAD.replace("if thresholding:", "if False:") + DDIM_TAIL,
+     "thresholding ignored"),
     ("ddim_step", DDIM_HEAD.replace("x0 = x0.clamp(-1, 1)", "pass") + DDIM_TAIL,
      "x̂0 not clipped"),
     ("ddim_step",
@@ -155,6 +175,32 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("((1 - ap) / (1 - a) * bt).clamp(min=1e-20)", "bt"),
      "σ² = β_t ('fixed_large')"),
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + "return out\n", "no noise added"),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace('if variance_type == "fixed_large":', "if False:"),
+     "variance_type ignored"),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = 1 - a / alphas_cumprod[timestep - 1]"),
+     "'fixed_large' with β_t of the training table"),
+    ("ddpm_step", DDPM_HEAD.replace("if thresholding:", "if False:") + DDPM_MEAN + DDPM_NOISE,
+     "thresholding ignored"),
+    ("ddpm_step",  # 'fixed_large' as the std: β_t taken as σ_t, not σ_t²
+     DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = bt ** 2"), Fails("wrong", "values differ")),
+    # ---- dynamic_threshold
+    ("dynamic_threshold", THRESHOLD.replace("x.reshape(x.shape[0], -1)", "x.reshape(1, -1)"),
+     "one threshold for the whole batch"),
+    ("dynamic_threshold", THRESHOLD.replace("min=1, max=sample_max_value", "max=sample_max_value"),
+     "s not floored at 1"),
+    ("dynamic_threshold", THRESHOLD.replace("min=1, max=sample_max_value", "min=1"),
+     "s not capped at sample_max_value"),
+    ("dynamic_threshold", THRESHOLD.replace("torch.clamp(flat, -s, s) / s", "torch.clamp(flat, -s, s)"),
+     "clamped to [−s, s] but not divided by s"),
+    ("dynamic_threshold", THRESHOLD.replace("flat.abs()", "flat"), "the quantile of x̂0 instead of |x̂0|"),
+    ("dynamic_threshold",  # a per-channel threshold (dim=(2, 3)) instead of one per sample: no trap, a mismatch
+     """
+     x = pred_original_sample
+     flat = x.float().reshape(x.shape[0], x.shape[1], -1)
+     s = torch.quantile(flat.abs(), dynamic_thresholding_ratio, dim=2).clamp(min=1, max=sample_max_value)
+     s = s.unsqueeze(2)
+     return (torch.clamp(flat, -s, s) / s).reshape(x.shape).to(x.dtype)
+     """, Fails("wrong", "values differ")),
     ("ddpm_step",  # the two mean coefficients swapped between x̂0 and x_t
      DDPM_HEAD + "out = at ** 0.5 * (1 - ap) / (1 - a) * x0 + ap ** 0.5 * bt / (1 - a) * sample\n" + DDPM_NOISE,
      Fails("wrong", "values differ")),
@@ -171,11 +217,14 @@ ALTERNATIVES = [
      at = a / ap
      bt = 1 - at
      x0 = predict_x0(model_output, sample, alphas_cumprod[timestep], prediction_type)
-     if clip_sample:
+     if thresholding:
+         x0 = dynamic_threshold(x0, dynamic_thresholding_ratio, sample_max_value)
+     elif clip_sample:
          x0 = x0.clamp(-1, 1)
      out = math.sqrt(ap) * bt / (1 - a) * x0 + math.sqrt(at) * (1 - ap) / (1 - a) * sample
      if timestep > 0:
-         std = math.sqrt(max((1 - ap) / (1 - a) * bt, 1e-20))
+         var = bt if variance_type == "fixed_large" else max((1 - ap) / (1 - a) * bt, 1e-20)
+         std = math.exp(0.5 * math.log(var)) if variance_type == "fixed_small_log" else math.sqrt(var)
          out = out + std * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
      return out
      """,
@@ -189,6 +238,15 @@ ALTERNATIVES = [
               "predict_x0(model_output, sample, alphas_cumprod[timestep], prediction_type)")
      + DDPM_MEAN + DDPM_NOISE,
      "float64 coefficients (0-dim float64 tensors keep a float32 sample float32)"),
+    ("dynamic_threshold",
+     """
+     x = pred_original_sample.double()
+     flat = x.reshape(x.shape[0], -1)
+     s = flat.abs().quantile(dynamic_thresholding_ratio, dim=1, keepdim=True)
+     s = s.clamp(1, sample_max_value) if sample_max_value >= 1 else torch.full_like(s, sample_max_value)
+     return (flat.clamp(-s, s) / s).view(x.shape).to(pred_original_sample.dtype)
+     """,
+     "float64 quantile with keepdim, written with Tensor methods"),
     ("predict_x0",
      """
      x, m, a = sample.float(), model_output.float(), alpha_prod_t.float()
@@ -220,7 +278,8 @@ def test_noise_not_drawn_from_the_given_generator_is_named(grade_mutant, functio
 
 @pytest.mark.parametrize("function, body", [
     ("ddim_step", DDIM_HEAD.replace("a = alphas_cumprod[timestep]", "a = alphas_cumprod[timestep].item()")
-     .replace("torch.tensor(1.0)", "1.0").replace("ap = alphas_cumprod[prev_t]", "ap = alphas_cumprod[prev_t].item()")
+     .replace("torch.tensor(1.0)", "1.0").replace("else alphas_cumprod[0]", "else alphas_cumprod[0].item()")
+     .replace("ap = alphas_cumprod[prev_t]", "ap = alphas_cumprod[prev_t].item()")
  + DDIM_TAIL),
     ("ddpm_step", DDPM_HEAD.replace("x0 = predict_x0(model_output, sample, a, prediction_type)",
                                     "x0 = predict_x0(model_output.float(), sample.float(), a, prediction_type)")

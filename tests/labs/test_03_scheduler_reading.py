@@ -25,26 +25,35 @@ def timesteps_body(leading="(torch.arange(n) * (T // n)).flip(0) + steps_offset"
 
 def step_body(x0_eps="x - sigma * model_output",
               x0_v="model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)",
+              x0_sample="model_output",
               upcast="sample.to(torch.float32)",
               result="x + (x - x0) / sigma * (sigma_next - sigma)") -> str:
     """A body for euler_step with one line swapped for a wrong one."""
     return f"""
     x = {upcast}
-    x0 = {x0_v} if prediction_type == "v_prediction" else {x0_eps}
+    x0 = {x0_v} if prediction_type == "v_prediction" else {x0_sample} if prediction_type == "sample" else {x0_eps}
     return ({result}).to(model_output.dtype)
     """
 
 
+LOG_LINEAR = "torch.linspace(float(table[-1].log()), float(table[0].log()), timesteps.shape[0] + 1).double().exp()"
+
+
 def sigmas_body(table="((1 - alphas_cumprod) / alphas_cumprod) ** 0.5", t="timesteps.double()",
-                end="torch.cat([s, s.new_zeros(1)]).float()") -> str:
+                end="torch.cat([s, last]).float()", floor="2**-24", log_linear=LOG_LINEAR,
+                last="table[:1] if final_sigmas_type == 'sigma_min' else s.new_zeros(1)") -> str:
     """A body for euler_sigmas with one line swapped for a wrong one."""
     return f"""
     T = alphas_cumprod.shape[0]
+    alphas_cumprod = alphas_cumprod.clamp(min={floor})
     table = ({table}).double()
     t = {t}
     lo = t.floor().long()
     hi = (lo + 1).clamp(max=T - 1)
     s = (table[hi] - table[lo]) * (t - lo) + table[lo]
+    if interpolation_type == "log_linear":
+        s = {log_linear}
+    last = {last}
     return {end}
     """
 
@@ -110,6 +119,18 @@ MUTANTS = [
                      "torch.zeros(1)])", "σ looked up at int(t)"),
     ("euler_sigmas",  # the final 0 put first
      sigmas_body(end="torch.cat([s.new_zeros(1), s]).float()"), Fails("wrong", "values differ")),
+    # the options: ᾱ = 0 at the zero-terminal-SNR end, the final σ, log-linear spacing
+    ("euler_sigmas", sigmas_body(floor="0"), "σ from ᾱ = 0"),
+    ("euler_sigmas", sigmas_body(last="s.new_zeros(1)"), "final σ = 0 whatever final_sigmas_type says"),
+    ("euler_sigmas", sigmas_body(log_linear="_interp_log(table, t)").replace(
+        "    T = alphas_cumprod.shape[0]\n",
+        "    T = alphas_cumprod.shape[0]\n"
+        "    def _interp_log(table, t):\n"
+        "        lo = t.floor().long(); hi = (lo + 1).clamp(max=T - 1)\n"
+        "        return ((table[hi].log() - table[lo].log()) * (t - lo) + table[lo].log()).exp()\n"),
+     "'log_linear' read as log σ interpolated at the timesteps"),
+    ("euler_sigmas",  # 'sigma_min' read as the smallest σ of the ladder, σ(t_{n−1}), not the table's σ_0
+     sigmas_body(last="s[-1:] if final_sigmas_type == 'sigma_min' else s.new_zeros(1)"), Fails("wrong", "values differ")),
     ("init_noise_sigma", "return float(sigmas.max())", "σ_max for every spacing"),
     ("init_noise_sigma", "return (float(sigmas.max()) ** 2 + 1) ** 0.5", "√(σ_max² + 1) for every spacing"),
     ("init_noise_sigma", "return 1.0", "1.0, as for DDPM/DDIM"),
@@ -126,6 +147,7 @@ MUTANTS = [
      "v-prediction's x̂_0 taken on the unscaled latent"),
     ("euler_step", step_body(result="x0"), "returned x̂_0 instead of the next latent"),
     ("euler_step", step_body(upcast="sample"), "computed in float16"),
+    ("euler_step", step_body(x0_sample="x - sigma * model_output"), "an x̂0 prediction ('sample') treated as ε"),
     ("euler_step", step_body(result="x + (x - x0) * (sigma_next - sigma)"), "the derivative not divided by σ"),
     ("euler_step",  # x̂_0 read at the wrong noise level
      step_body(x0_eps="x - sigma_next * model_output"), Fails("wrong", "values differ")),
@@ -133,6 +155,8 @@ MUTANTS = [
      """
      x = sample.to(torch.float32)
      x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1) if prediction_type == "v_prediction" else x - sigma * model_output
+     if prediction_type == "sample":
+         x0 = model_output
      return x + (x - x0) / sigma * (sigma_next - sigma)
      """,
      Fails("wrong", "has dtype")),
@@ -151,6 +175,14 @@ ALTERNATIVES = [
      "1.1e-3 from exact math (|diff| 1.3e-3 vs diffusers, outside the old 2.0e-4)"),
     ("euler_sigmas", sigmas_body(table="((1 - alphas_cumprod.double()) / alphas_cumprod.double()) ** 0.5"),
      "the σ table in float64 instead of float32"),
+    ("euler_sigmas",
+     sigmas_body(log_linear="torch.linspace(table[-1].log().item(), table[0].log().item(), timesteps.shape[0] + 1, "
+                            "dtype=torch.float64).exp()"),
+     "the log-linear ladder in float64 (diffusers spaces float32 logs)"),
+    ("euler_sigmas",  # σ = ∞ at ᾱ = 0 replaced by the float16-subnormal value by hand
+     sigmas_body(floor="0").replace("    table = (", "    alphas_cumprod = torch.where(alphas_cumprod == 0, "
+                                    "torch.tensor(2.0**-24), alphas_cumprod)\n    table = ("),
+     "ᾱ = 0 replaced by 2**-24 with torch.where instead of a clamp"),
     ("euler_scale_model_input", "return (sample.double() / (sigma.double() ** 2 + 1) ** 0.5).to(sample.dtype)",
      "float64 then cast"),
 ]
@@ -163,6 +195,8 @@ def test_the_same_euler_step_written_as_x0_plus_sigma_next_eps_passes(grade_muta
         if prediction_type == "v_prediction":
             x0 = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
             return (x + (x - x0) / sigma * (sigma_next - sigma)).to(model_output.dtype)
+        if prediction_type == "sample":  # x + (σ_next − σ)·(x − x̂_0)/σ = x̂_0 + σ_next/σ·(x − x̂_0)
+            return (model_output + sigma_next / sigma * (x - model_output)).to(model_output.dtype)
         return (x - sigma * model_output + sigma_next * model_output).to(model_output.dtype)
     """)
     assert graded.status == "passed", graded

@@ -45,10 +45,11 @@ for _check in ("vs DDIMScheduler.step, every timestep", "vs DDIMScheduler.step, 
     fixed("02_denoising_step", "ddim_step", _check, generator=GENERATOR)
 for _check in ("vs DDPMScheduler.step, every timestep", "vs DDPMScheduler.step, float16"):
     fixed("02_denoising_step", "ddpm_step", _check, generator=GENERATOR)
-for _check, _kind in (("vs Euler step, epsilon", "epsilon"), ("vs Euler step, v_prediction", "v_prediction")):
+for _check, _kind in (("vs Euler step, epsilon", "epsilon"), ("vs Euler step, v_prediction", "v_prediction"),
+                      ("vs Euler step, sample", "sample")):
     fixed("03_scheduler_reading", "euler_step", _check,
-          prediction_type=f"one check per prediction type, named for it: this one is {_kind}, the other check "
-                          "takes the other")
+          prediction_type=f"one check per prediction type, named for it: this one is {_kind}, the other checks "
+                          "take the others")
 
 # ---- lab 14 -------------------------------------------------------------------------------------------
 L14 = "14_multistep_solvers"
