@@ -26,7 +26,8 @@ from diffusers.schedulers.scheduling_lcm import LCMScheduler
 from diffusion_katas.core.spec import Kata, Measurement, Scenario
 from diffusion_katas.core.tolerances import EXACT, HALF_STEP, MODEL_FORWARD, SIGMA, STEP_MATH, Tol
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, DenoiserProbe, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import (DTYPES, SD_BETAS, DenoiserProbe, PipelineRecorder, TrajectoryProbe, localizer,
+                                           quiet_diffusers, seed_from)
 
 LCM = "diffusers.schedulers.scheduling_lcm.LCMScheduler"
 EULER = "diffusers.schedulers.scheduling_euler_discrete.EulerDiscreteScheduler"
@@ -458,19 +459,21 @@ def loop_scenario(case: dict, g) -> Scenario:
     with quiet_diffusers():
         pipe = tiny.sd_pipeline(SCHEDULERS[case["scheduler"]](), unet, tiny.vae())
     drawn = torch.Generator().manual_seed(seed)
-    with torch.no_grad(), quiet_diffusers():
+    with torch.no_grad(), quiet_diffusers(), PipelineRecorder(pipe, unet) as recorded:
         expected = pipe(prompt_embeds=prompt.clone(), negative_prompt_embeds=negative.clone(),
                         guidance_scale=case["guidance_scale"], num_inference_steps=case["steps"], generator=drawn,
                         latents=latents.clone(), output_type="latent").images
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # fresh, as the pipeline's was
-    inputs = dict(unet=DenoiserProbe(unet, label=COUNTED_UNET), scheduler=scheduler, latents=latents,
+    probe = TrajectoryProbe(unet, label=COUNTED_UNET)
+    inputs = dict(unet=probe, scheduler=scheduler, latents=latents,
                   prompt_embeds=prompt, negative_prompt_embeds=negative, guidance_scale=case["guidance_scale"],
                   num_inference_steps=case["steps"], generator=torch.Generator().manual_seed(seed))
     with quiet_diffusers():
         pipe.scheduler.set_timesteps(case["steps"])
     label = (f"{case['scheduler']}, guidance_scale={case['guidance_scale']}, {case['steps']} step(s) at t = "
              f"{_short([int(t) for t in pipe.scheduler.timesteps.tolist()])}, batch {B}")
-    return Scenario(inputs=inputs, expected=expected, label=label, generators_after={"generator": drawn})
+    return Scenario(inputs=inputs, expected=expected, label=label, generators_after={"generator": drawn},
+                    on_mismatch=localizer(probe, recorded.steps))
 
 
 @few_step_sample.check("vs StableDiffusionPipeline(guidance_scale ≤ 1.5), latents", cases=LOOP_CASES,

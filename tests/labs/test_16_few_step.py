@@ -1,4 +1,5 @@
 """Lab 16: wrong-but-plausible implementations fail, and the commonest ones are named."""
+import re
 import importlib.util
 from pathlib import Path
 
@@ -251,3 +252,34 @@ def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
     assert {c["n"] for c in grader.TURBO_CASES} >= {1, 2, 3, 4}
     assert {c["scheduler"] for c in grader.LOOP_CASES} == set(grader.SCHEDULERS)
     assert {c["guidance_scale"] for c in grader.LOOP_CASES} >= {0.0, 1.0, 1.5}
+
+
+LOOP = """
+    guide = guidance_scale > 1
+    scheduler.set_timesteps(num_inference_steps)
+    x = latents * scheduler.init_noise_sigma
+    text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
+    with torch.no_grad():
+        for i, t in enumerate(scheduler.timesteps):
+            x_in = {x_in}
+            noise_pred = unet(x_in, {t_in}, encoder_hidden_states=text).sample
+            if guide:
+                noise_uncond, noise_text = noise_pred.chunk(2)
+                noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+            x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
+    return x
+"""
+SCALED = "scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)"
+
+
+def test_a_loop_that_fails_is_told_the_first_step_where_it_left_the_pipeline(grade_mutant):
+    # the timestep nudged at the second step only: the UNet is told another t there
+    graded = grade_mutant(LAB, "few_step_sample", LOOP.format(x_in=SCALED, t_in="t + 5 if i == 1 else t"))
+    assert graded.status == "failed"
+    assert re.search(r"where it first differs: step 2 of \d: the denoiser got t = [\d.]+, the pipeline's got t", 
+                     graded.text), graded.text
+    # scale_model_input skipped: on SD-Turbo's Euler the very first UNet input is √(σ² + 1) = 14.6x too large
+    graded = grade_mutant(LAB, "few_step_sample", LOOP.format(x_in="torch.cat([x, x]) if guide else x", t_in="t"))
+    assert graded.status == "failed"
+    assert re.search(r"where it first differs: step 1 of \d: the denoiser's input differs .*14\.\d+× the "
+                     r"pipeline's everywhere.*scale_model_input", graded.text), graded.text

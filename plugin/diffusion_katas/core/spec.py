@@ -52,7 +52,8 @@ class Scenario:
     exact: Any = None
     # The reference's generators after its call, by input name (torch.Generator objects): once the values
     # match, the learner's copies of those inputs must be left in the same state, i.e. the same draws taken
-    # (a step that skips its draw where σ = 0 gives the same values but shifts every later draw).
+    # (a step that skips its draw where σ = 0 gives the same values but shifts every later draw). A list
+    # of generators (one per sample, as pipelines take them) is compared generator by generator.
     generators_after: dict[str, Any] | None = None
     # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
     verify: Callable[[Any], None] | None = None

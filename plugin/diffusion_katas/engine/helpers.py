@@ -247,3 +247,16 @@ def first_divergence(probe: TrajectoryProbe, steps: list[Step], rtol: float = 1e
     if len(probe.seen_inputs) > n:
         return f"the pipeline calls the denoiser {n} time(s); your loop called it {len(probe.seen_inputs)} times"
     return None
+
+
+def localizer(probe: TrajectoryProbe, steps: list[Step]):
+    """A Scenario.on_mismatch for a loop check: where the learner's trajectory first left the pipeline's."""
+
+    def where(_out: Any, _folder: Any) -> str:
+        found = first_divergence(probe, steps)
+        if found is None:
+            return ("where it first differs: every denoiser call agreed with the pipeline's (t, input, output), "
+                    "so the difference comes after the last call: the last scheduler.step or what is returned")
+        return f"where it first differs: {found}"
+
+    return where

@@ -286,7 +286,12 @@ class KataItem(pytest.Item):
 
         for name, reference in (scenario.generators_after or {}).items():
             mine = getattr(self, "last_generators", {}).get(name)
-            if mine is None or not torch.equal(mine, reference.get_state()):
+            theirs = [r.get_state() for r in reference] if isinstance(reference, list) else reference.get_state()
+            if isinstance(theirs, list):  # a generator per sample: each must be left as diffusers leaves it
+                same = isinstance(mine, list) and len(mine) == len(theirs) and all(map(torch.equal, mine, theirs))
+            else:
+                same = isinstance(mine, torch.Tensor) and torch.equal(mine, theirs)
+            if not same:
                 raise KataFailure(
                     f"{self.last_context}\n  the values are right, but `{name}` was left in a different state than "
                     "diffusers leaves it: your code drew a different amount of noise from it (more, fewer, or "
@@ -325,8 +330,8 @@ class KataItem(pytest.Item):
             session = self.config.stash[state.SESSION]
             try:
                 lines.append("  " + scenario.on_mismatch(out, session.root / ".kata" / "diffs"))
-            except Exception as exc:  # an artefact must never hide the verdict
-                lines.append(f"  (could not write the difference image: {exc})")
+            except Exception as exc:  # an artefact or a diagnosis must never hide the verdict
+                lines.append(f"  (the extra diagnosis failed: {type(exc).__name__}: {exc})")
         return "\n".join(lines)
 
     def failing_dependencies(self) -> list[str]:
