@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_classifier_free_guidance",
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
-        "16_few_step"]
+        "16_few_step", "17_mmdit_attention"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -154,6 +154,10 @@ L16 = "16_few_step"
 for _check in ("vs LCMScheduler.step, every timestep", "vs LCMScheduler.step, float16"):
     fixed(L16, "lcm_step", _check, generator=GENERATOR)
 fixed(L16, "few_step_sample", "vs StableDiffusionPipeline(guidance_scale ≤ 1.5), latents", generator=GENERATOR)
+# ---- lab 17 -------------------------------------------------------------------------------------------
+fixed("17_mmdit_attention", "joint_attention", "vs JointAttnProcessor2_0",
+      attn="an Attention module (no diffusers config, so kind() sees only its class): its heads, head_dim, "
+           "qk_norm, context_pre_only and dtype do vary by case, as the check's label shows")
 
 
 def kind(value):
