@@ -5,7 +5,15 @@ random-weight StableDiffusionPipeline: a PipelineRecorder (hooks on the UNet, a 
 scheduler.step) and a wrapper around the pipeline module's rescale_noise_cfg capture what the pipeline
 fed the UNet, what it got back, and the guided prediction it handed to the scheduler.
 rescale_noise_cfg is also called directly.
+
+Precision: every scenario also carries the float64 shadow of diffusers' answer (Scenario.exact): the
+combine ε_u + s·(ε_c − ε_u) and diffusers' own rescale_noise_cfg on the same inputs widened to float64,
+and for guided_noise a float64 copy of the same UNet (copy.deepcopy(unet).double()) asked the same
+questions on the widened latents and embeddings. An answer at most 2× as far from it as diffusers' own
+(+ 2 ulps) passes: a combine or rescale computed in float32 or float64 and cast once, float16 included.
 """
+import copy
+
 import torch
 from diffusers.guiders.classifier_free_guidance import ClassifierFreeGuidance
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
@@ -124,8 +132,15 @@ def _(case, g):
         scenarios.append(Scenario(
             inputs=dict(noise_uncond=noise_uncond.clone(), noise_text=noise_text.clone(),
                         guidance_scale=case["guidance_scale"]),
-            expected=s.step_input, label=label))
+            expected=s.step_input, exact=combine_shadow(noise_uncond, noise_text, case["guidance_scale"]),
+            label=label))
     return scenarios
+
+
+def combine_shadow(noise_uncond, noise_text, guidance_scale):
+    """ε_u + s·(ε_c − ε_u) in float64: the pipeline's combine, widened."""
+    u = noise_uncond.double()
+    return u + guidance_scale * (noise_text.double() - u)
 
 
 @guidance_combine.check(
@@ -153,7 +168,8 @@ def _(case, g):
     expected = guider.forward(noise_text.clone(), noise_uncond.clone()).pred
     return Scenario(inputs=dict(noise_uncond=noise_uncond, noise_text=noise_text,
                                 guidance_scale=case["guidance_scale"]),
-                    expected=expected, label=f"guidance_scale={case['guidance_scale']}")
+                    expected=expected, exact=combine_shadow(noise_uncond, noise_text, case["guidance_scale"]),
+                    label=f"guidance_scale={case['guidance_scale']}")
 
 
 @guidance_combine.trap("no guidance below s = 1: ε_c returned instead of ε_u + s·(ε_c − ε_u)",
@@ -242,7 +258,8 @@ def _(case, g):
     noise_cfg, noise_text = noise_cfg.to(dtype), noise_text.to(dtype)
     return Scenario(
         inputs=dict(noise_cfg=noise_cfg, noise_text=noise_text, guidance_rescale=case["guidance_rescale"]),
-        expected=reference_rescale(noise_cfg.clone(), noise_text.clone(), guidance_rescale=case["guidance_rescale"]))
+        expected=reference_rescale(noise_cfg.clone(), noise_text.clone(), guidance_rescale=case["guidance_rescale"]),
+        exact=reference_rescale(noise_cfg.double(), noise_text.double(), guidance_rescale=case["guidance_rescale"]))
 
 
 @rescale_guidance.check(
@@ -257,7 +274,8 @@ def _(case, g):
         noise_cfg, noise_text, phi = rescales[i]  # what the pipeline handed to rescale_noise_cfg
         scenarios.append(Scenario(
             inputs=dict(noise_cfg=noise_cfg, noise_text=noise_text, guidance_rescale=phi),
-            expected=s.step_input, label=step_label(i, steps, case) + f", guidance_rescale={phi}"))
+            expected=s.step_input, exact=reference_rescale(noise_cfg.double(), noise_text.double(), phi),
+            label=step_label(i, steps, case) + f", guidance_rescale={phi}"))
     return scenarios
 
 
@@ -369,6 +387,7 @@ guided_noise = Kata(
 def _(case, g):
     steps, unet, prompt_embeds, negative_prompt_embeds, _ = pipeline_run(case, g)
     B, gs = case["batch"], case["guidance_scale"]
+    shadow = guided_shadow(unet, prompt_embeds, negative_prompt_embeds, gs, case.get("guidance_rescale", 0.0))
     scenarios = []
     for i, s in enumerate(steps):
         counter = DenoiserProbe(unet, label=COUNTED_UNET)
@@ -376,11 +395,29 @@ def _(case, g):
             inputs=dict(unet=counter, latents=s.denoiser_input[:B].clone(), timestep=s.t,
                         prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds,
                         guidance_scale=gs, guidance_rescale=case.get("guidance_rescale", 0.0)),
-            expected=s.step_input,
+            expected=s.step_input, exact=shadow(s.denoiser_input[:B], s.t),
             label=step_label(i, steps, case)
             + (", latents already ÷√(σ²+1)" if case["scheduler"] == "Euler" else ""),
             verify=one_batched_call(counter, B, gs)))
     return scenarios
+
+
+def guided_shadow(unet, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale):
+    """The pipeline's guided prediction from a float64 copy of the same UNet, on widened inputs."""
+    unet64 = copy.deepcopy(unet).double()
+    pos, neg = prompt_embeds.double(), negative_prompt_embeds.double()
+
+    @torch.no_grad()
+    def shadow(latents, t):
+        x = latents.double()
+        if guidance_scale <= 1:
+            return unet64(x, t, encoder_hidden_states=pos).sample
+        both = unet64(torch.cat([x, x]), t, encoder_hidden_states=torch.cat([neg, pos])).sample
+        noise_uncond, noise_text = both.chunk(2)
+        guided = combine_shadow(noise_uncond, noise_text, guidance_scale)
+        return reference_rescale(guided, noise_text, guidance_rescale) if guidance_rescale > 0 else guided
+
+    return shadow
 
 
 def _branches(unet, latents, timestep, first, second):

@@ -14,6 +14,13 @@ the UNet's dtype). A deviation fails at once with a diagnosis; too few calls fai
 The learner's scheduler is an equal fresh copy of the pipeline's that still holds the timesteps of an
 earlier 4-step run, as a reused scheduler would; its step checks that it gets the t the UNet just got.
 Both wrappers are defined at the end of the file, after the katas.
+
+Precision: bit for bit, on purpose (tol=EXACT), and so with no float64 shadow for initial_noise,
+sampling_loop and generate: the lesson is that one generator, the same draws in the same order and the
+pipeline's own components reproduce the pipeline exactly; any other arithmetic is another loop. Only
+to_image, one formula, carries its float64 shadow (Scenario.exact). Every check that draws noise also
+declares the pipeline's generator after its run (Scenario.generators_after): the right values with a
+different number of draws fail ("drew a different amount of noise").
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ class Run(NamedTuple):
     images: torch.Tensor  # output_type="pt": (B, C, S, S) in [0, 1]
     sample: torch.Tensor  # the last scheduler.step output: x_0 before the clamp
     first: torch.Tensor  # the first sample fed to the UNet: x_T
+    generator: torch.Generator  # the pipeline's generator after its run: every draw it took
     scheduler: object  # pipe.scheduler (DDIMPipeline builds its own from the config)
     name: str
 
@@ -58,12 +66,13 @@ def run_pipeline(kind: str, unet, batch_size: int, steps: int, seed: int, eta=No
     pipe = pipe_cls(unet=unet, scheduler=scheduler_cls(**scheduler_config))
     pipe.set_progress_bar_config(disable=True)
     kwargs = {} if eta is None else {"eta": eta}
+    generator = torch.Generator().manual_seed(seed)
     with PipelineRecorder(pipe, unet) as rec:
-        out = pipe(batch_size=batch_size, generator=torch.Generator().manual_seed(seed),
+        out = pipe(batch_size=batch_size, generator=generator,
                    num_inference_steps=steps, output_type="pt", **kwargs)
     args = f"batch_size={batch_size}, num_inference_steps={steps}" + ("" if eta is None else f", eta={eta}")
     config = ", ".join(f"{k}={v!r}" for k, v in scheduler_config.items())
-    return Run(out.images, rec.final, rec.steps[0].denoiser_input, pipe.scheduler,
+    return Run(out.images, rec.final, rec.steps[0].denoiser_input, generator, pipe.scheduler,
                f"{pipe_cls.__name__}({args}) · {scheduler_cls.__name__}({config}) · {unet.dtype}")
 
 
@@ -94,7 +103,10 @@ def _(case, g):
     run = run_pipeline(case["pipeline"], unet, case["batch"], 1, seed)  # one step: only x_T matters
     inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
                   generator=torch.Generator().manual_seed(seed), dtype=unet.dtype)
-    return Scenario(inputs=inputs, expected=run.first, label=f"x_T of {run.name}")
+    drawn = torch.Generator().manual_seed(seed)  # the pipeline's generator once x_T is drawn
+    randn_tensor(run.first.shape, generator=drawn, dtype=unet.dtype)
+    return Scenario(inputs=inputs, expected=run.first, label=f"x_T of {run.name}",
+                    generators_after={"generator": drawn})
 
 
 @initial_noise.check("vs randn_tensor, more shapes",
@@ -106,10 +118,11 @@ def _(case, g):
     seed = seed_from(g)
     dtype = DTYPES[case["dtype"]]
     shape = (case["batch"], case["channels"], case["size"], case["size"])
-    expected = randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    drawn = torch.Generator().manual_seed(seed)
+    expected = randn_tensor(shape, generator=drawn, dtype=dtype)
     inputs = dict(batch_size=case["batch"], channels=case["channels"], size=case["size"],
                   generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    return Scenario(inputs=inputs, expected=expected)
+    return Scenario(inputs=inputs, expected=expected, generators_after={"generator": drawn})
 
 
 @initial_noise.trap("one torch.randn call per image",
@@ -215,7 +228,7 @@ def _(case, g):
     run = run_pipeline(case["pipeline"], _unet(case), case["batch"], case["steps"], seed_from(g), case.get("eta"),
                        clip_sample=False)
     outside = int((run.sample.abs() > 1).sum())
-    return Scenario(inputs=dict(sample=run.sample), expected=run.images,
+    return Scenario(inputs=dict(sample=run.sample), expected=run.images, exact=image_shadow(run.sample),
                     label=f"the last sample of {run.name} ({outside} of {run.sample.numel()} values outside [-1, 1])")
 
 
@@ -225,7 +238,12 @@ def _(case, g):
 def _(case, g):
     sample = (1.5 * torch.randn(case["shape"], generator=g)).to(DTYPES[case["dtype"]])  # some beyond ±1
     expected = VaeImageProcessor().postprocess(sample.clone(), output_type="pt")
-    return Scenario(inputs=dict(sample=sample), expected=expected)
+    return Scenario(inputs=dict(sample=sample), expected=expected, exact=image_shadow(sample))
+
+
+def image_shadow(sample):
+    """(x/2 + ½).clamp(0, 1) in float64."""
+    return (sample.double() / 2 + 0.5).clamp(0, 1)
 
 
 @to_image.trap("rescaled but not clamped",
@@ -333,7 +351,8 @@ def _loop_scenario(kind: str, case: dict, g, *, whole_pipeline: bool) -> Scenari
         expected = run.sample
     if eta is not None:
         inputs["eta"] = eta
-    return Scenario(inputs=inputs, expected=expected, label=label, verify=counted.verify)
+    return Scenario(inputs=inputs, expected=expected, label=label, verify=counted.verify,
+                    generators_after={"generator": run.generator})
 
 
 def learner_scheduler(reference):

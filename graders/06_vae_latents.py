@@ -9,7 +9,15 @@ Two workarounds live here (the framework has no hook for them yet; the numpy one
   their `verify` (array -> tensor, then diffusion_katas.engine.comparison.mismatch) and name the kata's traps themselves.
 - "sampled without the generator": the learner's draw comes from the global RNG, so each encode
   scenario records the global RNG state it hands over; that trap replays the draw from it.
+
+Precision: every float scenario also carries the float64 shadow of diffusers' answer (Scenario.exact):
+a float64 copy of the same VAE (copy.deepcopy(vae).double()) on the widened inputs, the posterior sample
+taken with diffusers' own draw ε (in the VAE's dtype) widened; the denormalize x·0.5 + 0.5 in float64.
+An answer at most 2× as far from it as diffusers' own (+ 2 ulps) passes: upcasting float16 to float32,
+decoding a float16 VAE's latents divided by s in float32, or postprocessing a float16 image in float32
+for "np". to_uint8 accepts, pixel by pixel, diffusers' level or the level exact math rounds to.
 """
+import copy
 import types
 
 import numpy as np
@@ -21,6 +29,7 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_inpaint impo
     StableDiffusionInpaintPipeline,
 )
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.comparison import describe, mismatch
@@ -105,18 +114,31 @@ def encode_scenario(case, g, sample_posterior: bool, with_generator: bool = True
     vae = make_vae(int(case["vae"][1:]), case["scaling_factor"], case["dtype"])
     images = (torch.rand(case["shape"], generator=g) * 2 - 1).to(DTYPES[case["dtype"]])
     seed = seed_from(g)
+    drawn = torch.Generator().manual_seed(seed)  # the reference's generator: its state after the call
     with torch.no_grad():
         if sample_posterior:
             owner = types.SimpleNamespace(vae=vae)  # the method only reads self.vae
-            expected = StableDiffusionInpaintPipeline._encode_vae_image(
-                owner, images.clone(), generator=torch.Generator().manual_seed(seed))
+            expected = StableDiffusionInpaintPipeline._encode_vae_image(owner, images.clone(), generator=drawn)
         else:
             expected = retrieve_latents(vae.encode(images.clone()), sample_mode="argmax") * vae.config.scaling_factor
+        # the shadow: a float64 VAE's posterior, sampled with diffusers' own draw ε widened
+        posterior = vae64(vae).encode(images.double()).latent_dist
+        z = posterior.mean
+        if sample_posterior:
+            eps = randn_tensor(z.shape, generator=torch.Generator().manual_seed(seed), dtype=vae.dtype)
+            z = z + posterior.std * eps.double()
+        exact = z * vae.config.scaling_factor
     _GLOBAL_RNG["state"] = torch.get_rng_state()
     generator = torch.Generator().manual_seed(seed) if with_generator else None
     return Scenario(
         inputs=dict(vae=vae, images=images, generator=generator, sample_posterior=sample_posterior),
-        expected=expected, label=f"scaling_factor {case['scaling_factor']}")
+        expected=expected, exact=exact, label=f"scaling_factor {case['scaling_factor']}",
+        generators_after={"generator": drawn} if with_generator else None)
+
+
+def vae64(vae):
+    """A float64 copy of the VAE: the shadow's model."""
+    return copy.deepcopy(vae).double()
 
 
 encode_latents = Kata(
@@ -213,7 +235,7 @@ def decode_scenario(case, g) -> Scenario:
     latents = torch.randn(case["shape"], generator=g).to(DTYPES[case["dtype"]])
     with torch.no_grad():  # the line in StableDiffusionPipeline.__call__ that turns latents into pixels
         expected = vae.decode(latents.clone() / vae.config.scaling_factor, return_dict=False)[0]
-    return Scenario(inputs=dict(vae=vae, latents=latents), expected=expected,
+    return Scenario(inputs=dict(vae=vae, latents=latents), expected=expected, exact=decode_shadow(vae, latents),
                     label=f"scaling_factor {case['scaling_factor']}")
 
 
@@ -247,7 +269,14 @@ def _(case, g):
     finally:
         hook.remove()
     return Scenario(inputs=dict(vae=pipe.vae, latents=rec.final), expected=seen["pixels"],
+                    exact=decode_shadow(pipe.vae, rec.final),
                     label="the final latents of a 2-step StableDiffusionPipeline call")
+
+
+@torch.no_grad()
+def decode_shadow(vae, latents):
+    """D(z / s) by a float64 copy of the VAE on the widened latents."""
+    return vae64(vae).decode(latents.double() / vae.config.scaling_factor).sample
 
 
 def _decoded(vae, latents, scale):
@@ -309,9 +338,16 @@ def _(case, g):
     images = decoder_like(case["shape"], case["dtype"], g)
     inputs = dict(images=images, output_type=case["output_type"])
     expected = PROCESSOR.postprocess(images.clone(), output_type=case["output_type"])
+    exact = denormalize_shadow(images)
     if case["output_type"] == "np":
-        return array_scenario(postprocess, inputs, expected, STEP_MATH, "output_type 'np'")
-    return Scenario(inputs=inputs, expected=expected, label="output_type 'pt'")
+        return array_scenario(postprocess, inputs, expected, STEP_MATH, "output_type 'np'",
+                              exact=exact.permute(0, 2, 3, 1))
+    return Scenario(inputs=inputs, expected=expected, exact=exact, label="output_type 'pt'")
+
+
+def denormalize_shadow(images):
+    """(x·0.5 + 0.5).clamp(0, 1) in float64."""
+    return (images.double() * 0.5 + 0.5).clamp(0, 1)
 
 
 @postprocess.trap("(x + 1)/2 without the clamp",
@@ -342,14 +378,6 @@ def _(images, output_type="pt"):
     return x if output_type == "pt" else x.cpu().permute(0, 2, 3, 1).numpy()
 
 
-@postprocess.trap("float16 input denormalized in float32",
-                  hint="diffusers shifts and clamps in the input's dtype and casts to float32 only at the end; "
-                       "do the same so the float16 rounding matches.")
-def _(images, output_type="pt"):
-    x = (images.float() * 0.5 + 0.5).clamp(0, 1)
-    return x.to(images.dtype) if output_type == "pt" else x.cpu().permute(0, 2, 3, 1).numpy()
-
-
 to_uint8 = Kata(
     "to_uint8",
     hints=(
@@ -370,7 +398,9 @@ def _(case, g):
     images = decoder_like(case["shape"], case["dtype"], g)
     pils = PROCESSOR.postprocess(images.clone(), output_type="pil")
     expected = np.stack([np.asarray(im) for im in pils])  # the pixels the PIL images hold, (B, H, W, 3)
-    return array_scenario(to_uint8, dict(images=images), expected, EXACT, "")
+    # exact math's levels: a pixel may round either way where diffusers' float16 rounding crossed a .5
+    exact = (denormalize_shadow(images).permute(0, 2, 3, 1).numpy() * 255).round().astype("uint8")
+    return array_scenario(to_uint8, dict(images=images), expected, EXACT, "", exact=exact)
 
 
 def _unit_nhwc(images):
@@ -397,14 +427,6 @@ def _(images):
     return ((images * 0.5 + 0.5).clamp(0, 1).cpu().float().numpy() * 255).round().astype("uint8")
 
 
-@to_uint8.trap("float16 input denormalized in float32",
-               hint="diffusers shifts and clamps in the input's dtype, then casts to float32; the float16 "
-                    "rounding moves some pixels by one level.")
-def _(images):
-    x = (images.float() * 0.5 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).numpy()
-    return (x * 255).round().astype("uint8")
-
-
 # ---- numpy outputs: compared in `verify`, traps named there (after the katas: used at run time) -----
 class _CheckedInVerify:
     """The `expected` of a numpy scenario: its verify already compared the array, so this equals it."""
@@ -418,8 +440,11 @@ class _CheckedInVerify:
         return "the array checked above"
 
 
-def array_problem(out, expected: np.ndarray, tol: Tol) -> str | None:
-    """Why the numpy array `out` is not `expected` (None when it is), in diffusion_katas.engine.comparison's words."""
+def array_problem(out, expected: np.ndarray, tol: Tol, exact=None) -> str | None:
+    """Why the numpy array `out` is not `expected` (None when it is), in diffusion_katas.engine.comparison's words.
+
+    `exact`: float arrays, the float64 shadow (a tensor, as Scenario.exact); uint8 arrays, the levels exact
+    math rounds to (an ndarray): a pixel equal to either diffusers' level or that one passes."""
     if isinstance(out, torch.Tensor):
         return (f"output should be a numpy.ndarray of shape {expected.shape}, dtype {expected.dtype}; got "
                 f"{describe(out)} (convert with .cpu().numpy())")
@@ -432,12 +457,14 @@ def array_problem(out, expected: np.ndarray, tol: Tol) -> str | None:
         return f"output has shape {out.shape}; expected {expected.shape}{hint}"
     if out.dtype != expected.dtype:
         return f"output has dtype {out.dtype}; expected {expected.dtype}"
-    return mismatch(torch.from_numpy(np.array(out)), torch.from_numpy(np.array(expected)), tol)
+    if isinstance(exact, np.ndarray):
+        out, exact = np.where(out == exact, expected, out), None
+    return mismatch(torch.from_numpy(np.array(out)), torch.from_numpy(np.array(expected)), tol, exact=exact)
 
 
-def array_scenario(kata: Kata, inputs: dict, expected: np.ndarray, tol: Tol, label: str) -> Scenario:
+def array_scenario(kata: Kata, inputs: dict, expected: np.ndarray, tol: Tol, label: str, exact=None) -> Scenario:
     def verify(out):
-        problem = array_problem(out, expected, tol)
+        problem = array_problem(out, expected, tol, exact)
         if problem is None:
             return
         lines = [f"  {problem}"]
@@ -446,7 +473,7 @@ def array_scenario(kata: Kata, inputs: dict, expected: np.ndarray, tol: Tol, lab
                 wrong = trap.fn(**fresh(inputs))
             except Exception:
                 continue
-            if array_problem(out, wrong, tol) is None and array_problem(wrong, expected, tol) is not None:
+            if array_problem(out, wrong, tol) is None and array_problem(wrong, expected, tol, exact) is not None:
                 lines.append(f"  trap: {trap.name}\n    {trap.hint}")
                 break
         raise KataFailure("\n".join(lines))

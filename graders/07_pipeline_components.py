@@ -6,6 +6,13 @@ with Euler schedulers (init_noise_sigma ≈ 11–15) and DDIM (init_noise_sigma 
 
 `input_error` returns a message instead of raising (the plugin reports a raising learner function as a
 crash): the reference is whether diffusers raises ValueError, and any non-empty message matches it.
+
+Precision: prepare_latents is bit for bit where it can be (the draw is the draw: the same generator in the
+dtype asked for), and its one float operation, σ_init·ε, carries the float64 shadow (Scenario.exact):
+diffusers' own ε (or the given latents) widened, times σ_init as a Python float. So ε·σ_init computed in
+float64 and cast once passes wherever its rounding differs from diffusers' (which multiplies in the
+latents' dtype). Every draw is checked afterwards too: the generator, or each
+generator of a list, must be left where diffusers leaves it (Scenario.generators_after).
 """
 import functools
 
@@ -13,6 +20,7 @@ import torch
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, quiet_diffusers, seed_from
@@ -168,7 +176,10 @@ def _(case, g):
     pipe = pipeline()
     embeds = tiny.text_embeddings(case["prompts"], g, tokens=case.get("tokens", tiny.TEXT_TOKENS))
     expected, _ = pipe.encode_prompt(None, CPU, case["n"], False, prompt_embeds=embeds.clone())
-    return Scenario(inputs=dict(prompt_embeds=embeds, num_images_per_prompt=case["n"]), expected=expected)
+    # the shadow: the same copies of the widened embeddings (only data moves: any float error is a bug)
+    exact = embeds.double().repeat_interleave(case["n"], dim=0)
+    return Scenario(inputs=dict(prompt_embeds=embeds, num_images_per_prompt=case["n"]), expected=expected,
+                    exact=exact)
 
 
 @repeat_per_prompt.trap("the whole batch tiled (p0, p1, p0, p1)",
@@ -216,6 +227,7 @@ def latents_scenario(case, g, given: bool = False) -> Scenario:
         f = pipe.vae_scale_factor
         latents = torch.randn((batch, channels, height // f, width // f), generator=g).to(dtype)
     rng_after = None
+    twin = _twin(ref)  # the reference's generators before they draw: the shadow's ε
     if case.get("generator", "one") is None:
         # No generator: diffusers draws from the global RNG. The learner's call starts from the global RNG's
         # state as it is now (the plugin hands it over), so draw the reference from that state and rewind.
@@ -226,14 +238,26 @@ def latents_scenario(case, g, given: bool = False) -> Scenario:
         rng_after = [torch.random.get_rng_state()]
         torch.random.set_rng_state(before)
     sigma = float(pipe.scheduler.init_noise_sigma)
+    f = pipe.vae_scale_factor
+    noise = latents if latents is not None else randn_tensor(
+        (batch, channels, height // f, width // f), generator=twin, dtype=dtype)
     inputs = dict(batch_size=batch, num_channels_latents=channels, height=height, width=width,
                   vae_scale_factor=pipe.vae_scale_factor, init_noise_sigma=sigma, generator=mine, dtype=dtype,
                   latents=latents)
-    f = pipe.vae_scale_factor
     label = (f"{type(pipe.scheduler).__name__}, init_noise_sigma {sigma:.6g}, latents "
              f"({batch}, {channels}, {height // f}, {width // f})")
-    return Scenario(inputs=inputs, expected=expected, label=label,
-                    verify=None if rng_after is None else global_rng_advanced_like(rng_after, expected))
+    return Scenario(inputs=inputs, expected=expected, exact=noise.double() * sigma, label=label,
+                    verify=None if rng_after is None else global_rng_advanced_like(rng_after, expected),
+                    generators_after=None if ref is None else {"generator": ref})
+
+
+def _twin(generator):
+    """A copy of a generator (or of each in a list; None: of the global RNG), in its state now."""
+    if generator is None:
+        return torch.Generator().set_state(torch.random.get_rng_state())
+    if isinstance(generator, list):
+        return [_twin(gen) for gen in generator]
+    return torch.Generator().set_state(generator.get_state())
 
 
 def global_rng_advanced_like(reference_after: list[torch.Tensor], expected: torch.Tensor):

@@ -11,7 +11,16 @@ References are live diffusers code:
 
 Import cost: embeddings and normalization load with this module. The transformer models load only when
 an unpatchify check runs: importing one imports diffusers' whole transformers package (~75 model files).
+
+Precision: every float scenario also carries the float64 shadow of diffusers' answer (Scenario.exact):
+the sinusoid with float64 frequencies and angles from the timesteps' own values; patchify and unpatchify
+by the same diffusers code on the widened tensors (a float64 copy of the identity PatchEmbed; the model's
+own reshape fed float64 tokens); adaLN-Zero's formula in float64 on the same inputs. An answer at most 2×
+as far from it as diffusers' own (+ 2 ulps) passes: float64 frequencies or angles cast to float32, a
+LayerNorm computed in float64 and cast. Only data moves in patchify and unpatchify, so there any
+difference from diffusers is a wrong layout whatever the dtype.
 """
+import copy
 import functools
 import math
 
@@ -82,7 +91,8 @@ def _(case, g):
     t = draw_timesteps(case["timesteps"], case["batch"], g, case.get("dtype"))
     time_proj = Timesteps(case["embedding_dim"], flip_sin_to_cos=True, downscale_freq_shift=0)
     return Scenario(inputs=dict(timesteps=t, embedding_dim=case["embedding_dim"]),
-                    expected=time_proj(t.clone()), label=timestep_label(t))
+                    expected=time_proj(t.clone()), exact=sinusoid_shadow(t, case["embedding_dim"]),
+                    label=timestep_label(t))
 
 
 @timestep_embedding.check(
@@ -103,7 +113,19 @@ def _(case, g):
     options = {k: v for k, v in case.items() if k not in ("timesteps", "batch", "dtype")}
     t = draw_timesteps(case["timesteps"], case["batch"], g, case.get("dtype"))
     return Scenario(inputs=dict(timesteps=t, **options), expected=get_timestep_embedding(t.clone(), **options),
-                    label=timestep_label(t))
+                    exact=sinusoid_shadow(t, **options), label=timestep_label(t))
+
+
+def sinusoid_shadow(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0,
+                    max_period=10000):
+    """get_timestep_embedding in float64: its frequencies and angles, from the timesteps' own values."""
+    half = embedding_dim // 2
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float64) / (half - downscale_freq_shift)
+    angles = scale * (timesteps.double()[:, None] * torch.exp(exponent)[None, :])
+    emb = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    if flip_sin_to_cos:
+        emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
+    return F.pad(emb, (0, 1)) if embedding_dim % 2 else emb
 
 
 def _sinusoid(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0,
@@ -222,7 +244,8 @@ def _(case, g):
     embed = identity_patch_embed(C, case["patch_size"], H, W, dtype)
     with torch.no_grad():
         expected = embed(latents.clone())
-    return Scenario(inputs=dict(latents=latents, patch_size=case["patch_size"]), expected=expected,
+        exact = copy.deepcopy(embed).double()(latents.double())  # the same module in float64
+    return Scenario(inputs=dict(latents=latents, patch_size=case["patch_size"]), expected=expected, exact=exact,
                     label=f"a {H}×{W} latent, {C} channels, {case['patch_size']}×{case['patch_size']} patches")
 
 
@@ -301,7 +324,9 @@ def unpatchify_scenario(case, g, reference) -> Scenario:
     p = case["patch_size"]
     tokens = torch.randn(B, (H // p) * (W // p), p * p * C, generator=g).to(DTYPES[case["dtype"]])
     expected = reference(tokens.clone(), p, H, W, C)
+    exact = reference(tokens.double(), p, H, W, C)  # the model's own reshape, fed float64 tokens
     return Scenario(inputs=dict(tokens=tokens, patch_size=p, height=H, width=W, channels=C), expected=expected,
+                    exact=exact,
                     label=f"{H // p}×{W // p} tokens of {p}×{p}×{C} -> a {H}×{W} latent")
 
 
@@ -399,7 +424,15 @@ def adaln_scenario(case, g, dtype) -> Scenario:
             label = "tokens with a tiny spread (the LayerNorm's eps matters)" if spread < 0.1 else ""
     inputs = dict(x=x, emb=emb, linear_weight=norm.linear.weight.detach().clone(),
                   linear_bias=norm.linear.bias.detach().clone())
-    return Scenario(inputs=inputs, expected=tuple(expected), label=label)
+    return Scenario(inputs=inputs, expected=tuple(expected), exact=adaln_shadow(**inputs), label=label)
+
+
+def adaln_shadow(x, emb, linear_weight, linear_bias):
+    """AdaLayerNormZero.forward's math in float64 on the same inputs (emb as given: DiT's already embedded)."""
+    params = F.linear(F.silu(emb.double()), linear_weight.double(), linear_bias.double())
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = params.chunk(6, dim=1)
+    out = F.layer_norm(x.double(), (x.shape[-1],), eps=1e-6) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    return out, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 ada_layer_norm_zero = Kata(

@@ -41,6 +41,15 @@ Traps:
     - Two denoiser calls of batch B instead of one of 2B: the same numbers to ~1e-6, twice the
       launches; the pipeline batches them.
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype of the predictions (the UNet's
+    dtype), and compute as wide as you like. diffusers combines and rescales in the predictions' own
+    dtype: float16 under a float16 UNet, where s·(ε_c − ε_u) at s = 12 is rounded to ~3 digits and
+    rescale_noise_cfg's σ ratio in float16 too. The grader knows the exact answer on the same inputs
+    (the same formulas in float64, and for guided_noise a float64 copy of the same UNet) and accepts
+    anything about as close to it as diffusers' own answer: upcasting to float32 or float64 and
+    casting once at the end passes, and so does diffusers' own order in the input dtype.
+
 Say it out loud:
     "Every step I ask the same UNet twice in one batch: once with the negative (or empty) prompt,
     once with the real one, unconditional first. I split the answer, start from the unconditional

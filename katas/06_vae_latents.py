@@ -35,6 +35,17 @@ Traps:
     - Truncating to uint8 instead of rounding: 0.999·255 becomes 254, not 255.
     - Returning NCHW for "np": numpy images are channels last, (B, H, W, 3), float32.
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
+    wide as you like. diffusers runs the VAE in its own dtype, samples the posterior with ε drawn in
+    that dtype, and denormalizes (x·0.5 + 0.5, clamp) in the image's dtype: float16 stays float16 and
+    only "np" casts to float32 at the end. The grader knows the exact answer on the same inputs (a
+    float64 copy of the same VAE, diffusers' own ε widened, the denormalize in float64) and accepts
+    anything about as close to it as diffusers' own: a float16 image denormalized in float32 for "np"
+    is closer to exact math than diffusers and passes. For uint8 either level passes where diffusers'
+    float16 rounding and exact math round a pixel differently. Keep the draw itself in the VAE's
+    dtype: a float64 ε is another random number, not a more exact one.
+
 Say it out loud:
     "The denoiser works in the VAE's latent space: encode, multiply by the VAE's scaling factor, run
     the loop, divide the factor back out, decode. The decoder gives [−1, 1]; the image is that

@@ -38,6 +38,15 @@ Traps:
     - Checking divisibility by vae_scale_factor: Stable Diffusion's rule is 8.
     - Drawing new noise, or skipping the scaling, when latents are given.
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype asked for, and compute as wide as you
+    like. The noise itself is not arithmetic: draw it in `dtype` from the generator(s) exactly as
+    diffusers does (randn_tensor: one call for one generator, one (1, C, h, w) call per generator of a
+    list), since a float32 draw cast to float16 is other numbers. The one multiplication, ε·σ_init,
+    diffusers does in the latents' dtype; the grader also knows it in exact float64 math and accepts an
+    answer about as close to that as diffusers' own, so multiplying in float64 and casting passes.
+    Each generator must also be left where diffusers leaves it: draw nothing more, nothing less.
+
 Say it out loud:
     "A pipeline is a graph of components plus glue. The glue checks the size, encodes the prompt and
     repeats it per image, asks the scheduler for timesteps, then prepares the latents: shape batch ×

@@ -56,6 +56,16 @@ Traps:
       three, then the MLP's three); the LayerNorm has no affine parameters and eps = 1e-6 (not
       nn.LayerNorm's 1e-5).
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
+    wide as you like. diffusers computes the sinusoid in float32 (frequencies by exp, angles up to
+    ~1000 rad, where one float32 ulp is 6e-5) and adaLN-Zero in the tokens' dtype (nn.LayerNorm keeps
+    float32 statistics for float16 on a CPU). The grader knows the exact answer on the same inputs
+    (the same formulas in float64) and accepts anything about as close to it as diffusers' own:
+    float64 frequencies or angles cast to float32 at the end pass, and so does a LayerNorm computed
+    in float64 and cast. patchify and unpatchify only move data: they are exact in any dtype (graded
+    bit for bit against diffusers and its float64 shadow alike), so any difference is a wrong layout.
+
 Say it out loud:
     "A denoiser sees x_t, t and the condition. In a UNet, t becomes a sinusoidal vector, an MLP turns it
     into a per-channel bias inside every ResNet block, and the prompt's token embeddings come in

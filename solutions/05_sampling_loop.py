@@ -41,6 +41,17 @@ Traps:
       agree only when C·H·W happens to be a multiple of 16).
     - Changing the timesteps (n, or timestep_spacing) changes the image and the cost, not just speed.
 
+Precision:
+    The exception to the course's policy (lab 01 states it), on purpose: initial_noise, sampling_loop
+    and generate are graded bit for bit, with no allowance against exact math. This lab is about
+    reproducibility: the same generator, drawn from in the same order, and the pipeline's own UNet
+    and scheduler give the pipeline's numbers exactly, in float32 and float16 alike; a loop doing any
+    other arithmetic is another loop. So keep the noise in the UNet's dtype and do no math of your own
+    between the components. The generator is checked too: once the values are right, it must be left
+    where the pipeline leaves it (no extra draws, none missing). to_image is one formula and follows
+    the policy: (x/2 + ½).clamp(0, 1) computed wider and cast back passes (it is graded against
+    exact float64 math as well).
+
 Say it out loud:
     "set_timesteps fixes the loop: n timesteps, noisy to clean, and n UNet calls. I draw the whole
     batch of noise from the generator, then per timestep I call the UNet once on the current sample

@@ -49,9 +49,25 @@ MUTANTS = [
     ("initial_noise",  # the dtype ignored
      "return torch.randn((batch_size, channels, size, size), generator=generator)",
      Fails("wrong", "has dtype")),
+    ("initial_noise",  # the right noise, then one draw too many from the generator
+     """
+     x = torch.randn((batch_size, channels, size, size), generator=generator, dtype=dtype)
+     torch.randn(1, generator=generator)
+     return x
+     """,
+     Fails("wrong", "drew a different amount of noise")),
+    ("initial_noise",  # the right values, drawn from a copy: the caller's generator is never advanced
+     """
+     copy = torch.Generator().set_state(generator.get_state())
+     return torch.randn((batch_size, channels, size, size), generator=copy, dtype=dtype)
+     """,
+     Fails("wrong", "drew a different amount of noise")),
     ("sampling_loop", loop(step_args=""), "scheduler.step called without generator="),
     ("sampling_loop", loop(eta_kw=False), "eta not passed to scheduler.step"),
     ("sampling_loop", loop(after=".clamp(-1, 1)"), "the sample clamped to [-1, 1] inside the loop"),
+    ("sampling_loop",  # the right loop, then a draw after the last step (a "preview" noise)
+     loop().replace("return x", "torch.randn(x.shape, generator=generator)\nreturn x"),
+     Fails("wrong", "drew a different amount of noise")),
     ("sampling_loop",  # the generator re-seeded: reproducible, but not the pipeline's stream
      loop(step_args="generator=torch.Generator().manual_seed(0), "),
      Fails("wrong", "values differ")),
@@ -83,6 +99,13 @@ MUTANTS = [
      return to_image(x)
      """,
      "scheduler.step called without generator="),
+    ("generate",  # the right images from a copy of the generator: the caller's is never advanced
+     """
+     copy = torch.Generator().set_state(generator.get_state())
+     noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, copy, unet.dtype)
+     return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, copy, eta=eta))
+     """,
+     Fails("wrong", "drew a different amount of noise")),
 ]
 
 # Loops whose UNet calls differ from the pipeline's: the counted UNet names what went wrong.
@@ -181,6 +204,12 @@ CALL_MUTANTS = [
 
 
 mutant_args = only  # test_mutants.py grades each mutant with these -k arguments
+
+# Right answers written another way (test_mutants.py grades each: it must pass).
+ALTERNATIVES = [
+    ("to_image", "return (sample.double() / 2 + 0.5).clamp(0, 1).to(sample.dtype)",
+     "float64 then cast: to_image follows the course's precision policy (judged against its float64 shadow)"),
+]
 
 
 @pytest.mark.parametrize("function, mistake, body, message", CALL_MUTANTS, ids=[m[1] for m in CALL_MUTANTS])

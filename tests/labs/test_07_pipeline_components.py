@@ -3,6 +3,17 @@ from expect import Fails
 
 LAB = "07_pipeline_components"
 
+PREPARE = """
+shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
+if latents is not None:
+    noise = latents
+elif isinstance(generator, list) and len(generator) > 1:
+    noise = torch.cat([torch.randn((1, *shape[1:]), generator=gen, dtype=dtype) for gen in generator])
+else:
+    noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
+return noise * init_noise_sigma
+"""
+
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("input_error",
@@ -173,7 +184,7 @@ MUTANTS = [
      return noise * init_noise_sigma
      """,
      Fails("wrong", "values differ")),
-    ("prepare_latents",  # noise drawn (and thrown away) although latents were given: the global RNG moves
+    ("prepare_latents",  # noise drawn (and thrown away) although latents were given: the generator moves
      """
      shape = (batch_size, num_channels_latents, height // vae_scale_factor, width // vae_scale_factor)
      if isinstance(generator, list) and len(generator) > 1:
@@ -182,7 +193,31 @@ MUTANTS = [
          noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
      return (noise if latents is None else latents) * init_noise_sigma
      """,
+     Fails("wrong", "drew a different amount of noise")),
+    ("prepare_latents",  # the right latents, then a stray draw from the global RNG when no generator is given
+     PREPARE.replace("return noise * init_noise_sigma", """out = noise * init_noise_sigma
+if generator is None:
+    torch.randn(1)
+return out"""),
      Fails("wrong", "the global RNG does not stand where diffusers' draw leaves it")),
+    ("prepare_latents",  # the right latents, then one more draw from each generator it was given
+     PREPARE.replace("return noise * init_noise_sigma", """out = noise * init_noise_sigma
+for gen in (generator if isinstance(generator, list) else [generator]):
+    if gen is not None:
+        torch.randn(1, generator=gen)
+return out"""),
+     Fails("wrong", "drew a different amount of noise")),
+    ("prepare_latents",  # a generator list drawn through copies: the right values, the caller's list untouched
+     PREPARE.replace("generator=gen, dtype=dtype) for gen in generator",
+                     "generator=torch.Generator().set_state(gen.get_state()), dtype=dtype) for gen in generator"),
+     Fails("wrong", "drew a different amount of noise")),
+]
+
+# Right answers written another way (test_mutants.py grades each: it must pass).
+ALTERNATIVES = [
+    ("prepare_latents",
+     PREPARE.replace("return noise * init_noise_sigma", "return (noise.double() * init_noise_sigma).to(noise.dtype)"),
+     "σ_init·ε in float64, cast once: judged against the float64 shadow where its rounding differs"),
 ]
 
 

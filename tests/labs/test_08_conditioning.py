@@ -201,6 +201,13 @@ EQUIVALENTS = [
      var = ((x - mean) ** 2).mean(-1, keepdim=True)
      return (x - mean) / torch.sqrt(var + 1e-6) * (1 + c[:, None]) + s[:, None], g, s2, c2, g2
      """),
+    ("ada_layer_norm_zero",  # everything in float64, cast once: judged against the float64 shadow
+     """
+     p = F.linear(F.silu(emb.double()), linear_weight.double(), linear_bias.double())
+     s, c, g, s2, c2, g2 = p.chunk(6, dim=1)
+     out = F.layer_norm(x.double(), (x.shape[-1],), eps=1e-6) * (1 + c[:, None]) + s[:, None]
+     return tuple(t.to(x.dtype) for t in (out, g, s2, c2, g2))
+     """),
 ]
 
 

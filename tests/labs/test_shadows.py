@@ -27,6 +27,14 @@ SHADOWED_LABS = {
                          ("velocity", "float16"): "the lesson grades where diffusers casts (Precision)"},
     "02_denoising_step": {},
     "03_scheduler_reading": {},
+    "04_classifier_free_guidance": {},
+    "05_sampling_loop": {(kata, dtype): "bit for bit on purpose: the same draws and components reproduce "
+                                        "the pipeline (Precision)"
+                         for kata in ("initial_noise", "sampling_loop", "generate")
+                         for dtype in (None, "float32", "float16")},
+    "06_vae_latents": {},
+    "07_pipeline_components": {},
+    "08_conditioning": {},
     "13_flow_matching": {},
     "14_multistep_solvers": {},
     "15_karras_edm": {},
