@@ -7,6 +7,7 @@ fan_in_fan_out path uses peft on a transformers Conv1D, since a UNet has none.
 
 The code that builds them (lora_unet, conv1d_layers) and the float16 rounding check close the file.
 """
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -80,6 +81,7 @@ def _(case, g):
     return [Scenario(inputs=dict(alpha=a.alpha, rank=a.r, use_rslora=a.rslora, adapter_weight=a.weight,
                                  lora_scale=case["lora_scale"]),
                      expected=float(layer.scaling[a.name]),
+                     exact=_base(a.alpha, a.r, a.rslora) * a.weight * case["lora_scale"],  # Python floats
                      label=f"{a.describe()}, fuse_lora(lora_scale={case['lora_scale']})") for a in adapters]
 
 
@@ -158,7 +160,8 @@ def _(case, g):
                 continue
             A, B = factors(layer, a.name)
             s = Scenario(inputs=dict(lora_A=A, lora_B=B, scaling=layer.scaling[a.name], fan_in_fan_out=False),
-                         expected=layer.get_delta_weight(a.name).detach(), label=layer_label(name, layer, a))
+                         expected=layer.get_delta_weight(a.name).detach(), exact=shadow_delta(layer, a.name),
+                         label=layer_label(name, layer, a))
             scenarios.append(with_half_check(s, lora_delta, DELTA_WHERE))
     return scenarios
 
@@ -171,7 +174,8 @@ def _(case, g):
         A, B = factors(layer, "gpt2")
         scenarios.append(Scenario(
             inputs=dict(lora_A=A, lora_B=B, scaling=layer.scaling["gpt2"], fan_in_fan_out=True),
-            expected=layer.get_delta_weight("gpt2").detach(), label=layer_label(name, layer, "gpt2")))
+            expected=layer.get_delta_weight("gpt2").detach(), exact=shadow_delta(layer, "gpt2"),
+            label=layer_label(name, layer, "gpt2")))
     return scenarios
 
 
@@ -260,7 +264,10 @@ def fused_scenarios(case, kata, *, unfuse: bool, where: str):
         # The layer's scaling now: α/r · weight · lora_scale (fuse_lora multiplied it in; unfuse keeps it).
         common = dict(lora_A=A, lora_B=B, scaling=layer.scaling[a.name], fan_in_fan_out=False)
         inputs = dict(merged_weight=fused[name], **common) if unfuse else dict(weight=before[name], **common)
+        delta = shadow_delta(layer, a.name)
         s = Scenario(inputs=inputs, expected=layer.get_base_layer().weight.detach().clone(),
+                     exact=None if delta is None else (fused[name].double() - delta if unfuse
+                                                       else before[name].double() + delta),
                      label=layer_label(name, layer, a))
         scenarios.append(with_half_check(s, kata, where))
     return scenarios
@@ -292,7 +299,8 @@ def _(case, g):
             scenarios.append(Scenario(
                 inputs=dict(weight=weights[step][name], lora_A=A, lora_B=B, scaling=layer.scaling[a.name],
                             fan_in_fan_out=False),
-                expected=weights[step + 1][name], label=f"{layer_label(name, layer, a)}, onto {onto}"))
+                expected=weights[step + 1][name], exact=weights[step][name].double() + shadow_delta(layer, a.name),
+                label=f"{layer_label(name, layer, a)}, onto {onto}"))
     return scenarios
 
 
@@ -305,7 +313,8 @@ def _(case, g):
         A, B = factors(layer, "gpt2")
         scenarios.append(Scenario(
             inputs=dict(weight=W, lora_A=A, lora_B=B, scaling=layer.scaling["gpt2"], fan_in_fan_out=True),
-            expected=layer.get_base_layer().weight.detach().clone(), label=layer_label(name, layer, "gpt2")))
+            expected=layer.get_base_layer().weight.detach().clone(), exact=W.double() + shadow_delta(layer, "gpt2"),
+            label=layer_label(name, layer, "gpt2")))
     return scenarios
 
 
@@ -373,7 +382,8 @@ def _(case, g):
         scenarios.append(Scenario(
             inputs=dict(merged_weight=merged, lora_A=A, lora_B=B, scaling=layer.scaling["gpt2"],
                         fan_in_fan_out=True),
-            expected=layer.get_base_layer().weight.detach().clone(), label=layer_label(name, layer, "gpt2")))
+            expected=layer.get_base_layer().weight.detach().clone(),
+            exact=merged.double() - shadow_delta(layer, "gpt2"), label=layer_label(name, layer, "gpt2")))
     return scenarios
 
 
@@ -436,11 +446,12 @@ def forward_scenarios(case, g, *, fused: bool):
         A, B = factors(layer, a.name)
         with torch.no_grad():
             expected = layer(x.clone())
+            exact = unmerged_twin(layer, base[name])(x.double())
         where = "fused layer" if fused else "unmerged LoRA layer"
         scenarios.append(Scenario(
             inputs=dict(x=x, weight=base[name], bias=None if bias is None else bias.detach().clone(),
                         lora_A=A, lora_B=B, scaling=layer.scaling[a.name]),
-            expected=expected, label=f"{layer_label(name, layer, a)}, vs the {where}"))
+            expected=expected, exact=exact, label=f"{layer_label(name, layer, a)}, vs the {where}"))
     return scenarios
 
 
@@ -570,6 +581,26 @@ def conv1d_layers(case):
                         init_lora_weights=False, fan_in_fan_out=True, use_rslora=case.get("rslora", False))
     quietly(inject_adapter_in_model, config, model, adapter_name="gpt2")
     return {"c_proj": model.c_proj, "c_attn": model.c_attn}
+
+
+def shadow_delta(layer, adapter):
+    """The float64 shadow of peft's ΔW (Scenario.exact): get_delta_weight on a float64 copy of the layer.
+
+    None for float16 layers: those scenarios grade where peft rounds (half_rounding), on purpose.
+    """
+    if layer.get_base_layer().weight.dtype != torch.float32:
+        return None
+    with torch.no_grad():
+        return copy.deepcopy(layer).double().get_delta_weight(adapter).detach()
+
+
+def unmerged_twin(layer, base_weight):
+    """A float64 copy of a peft LoRA layer, unmerged onto `base_weight` (the weight before any fuse):
+    peft's own unmerged forward in float64, the shadow of both the unmerged and the fused layer."""
+    twin = copy.deepcopy(layer).double()
+    twin.get_base_layer().weight.data = base_weight.double()
+    twin.merged_adapters.clear()
+    return twin
 
 
 def factors(layer, adapter):

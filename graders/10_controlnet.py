@@ -12,6 +12,7 @@ A fresh ControlNet returns exact zeros (zero convs), so the models are randomise
 the control-image embedding's zero-initialised last conv get N(0, 1) weights from the seeded global
 RNG. Only the "fresh ControlNet" checks use them as built.
 """
+import copy
 import functools
 
 import torch
@@ -19,7 +20,7 @@ from diffusers.models.controlnets.controlnet import ControlNetModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers, sd_schedule
+from diffusion_katas.engine.helpers import DTYPES, float64_twin, quiet_diffusers, sd_schedule
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT, HALF, MODEL_FORWARD, SCHEDULE, STEP_MATH
 
@@ -162,7 +163,8 @@ def zero_conv_scenarios(case: dict, g, fresh: bool) -> list[Scenario]:
             hook.remove()
     return [Scenario(inputs=dict(features=seen[name][0].clone(), weight=conv.weight.detach().clone(),
                                  bias=conv.bias.detach().clone()),
-                     expected=seen[name][1], label=name + (" of a fresh ControlNet" if fresh else ""))
+                     expected=seen[name][1], exact=double(conv)(seen[name][0].double()),
+                     label=name + (" of a fresh ControlNet" if fresh else ""))
             for name, conv in convs]
 
 
@@ -220,9 +222,14 @@ def scaling_scenario(case: dict, g) -> Scenario:
     raw_down, raw_mid = controlnet_residuals(controlnet, inputs)  # conditioning_scale=1.0: unscaled
     scale, guess = case["conditioning_scale"], case["guess_mode"]
     expected = controlnet_residuals(controlnet, inputs, conditioning_scale=scale, guess_mode=guess)
+    # The shadow: ControlNetModel.forward's scaling on the same raw residuals, in float64.
+    n = len(raw_down)
+    scales = (torch.logspace(-1, 0, n + 1, dtype=torch.float64) * scale if guess
+              else torch.full((n + 1,), scale, dtype=torch.float64))
+    exact = ([d.double() * k for d, k in zip(raw_down, scales)], raw_mid.double() * scales[-1])
     return Scenario(inputs=dict(down_residuals=ShownList(raw_down), mid_residual=raw_mid, conditioning_scale=scale,
                                 guess_mode=guess),
-                    expected=expected, label=f"{len(raw_down)} down residuals + 1 mid")
+                    expected=expected, exact=exact, label=f"{len(raw_down)} down residuals + 1 mid")
 
 
 @scale_control_residuals.check(
@@ -385,11 +392,17 @@ def residual_scenario(case: dict, g, fresh: bool) -> Scenario:
     # Fresh: the residuals are zeros, and the up blocks must get what they get with no ControlNet.
     run = record_unet(unet, inputs) if fresh else record_unet(unet, inputs, down, mid)
     mid_input, mid_args, mid_kwargs = run["mid"]
+    # The shadow: the same sums, and the mid block on a float64 copy with its arguments widened.
+    wide = lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+    with torch.no_grad():
+        mid_out = double(unet.mid_block)(mid_input.double(), *map(wide, mid_args),
+                                         **{k: wide(v) for k, v in mid_kwargs.items()})
+    exact = (tuple(s.double() + r.double() for s, r in zip(run["skips"], down)), mid_out + mid.double())
     return Scenario(
         inputs=dict(skip_samples=ShownTuple(s.clone() for s in run["skips"]), mid_input=mid_input.clone(),
                     mid_block=BoundMidBlock(unet.mid_block, mid_args, mid_kwargs),
                     down_residuals=ShownList(down), mid_residual=mid),
-        expected=(run["up_skips"], run["up_input"]),
+        expected=(run["up_skips"], run["up_input"]), exact=exact,
         label=(f"{len(down)} skips, t={int(inputs['timestep'])}"
                + (": a fresh ControlNet, so the up blocks must see what they see without it" if fresh else "")))
 
@@ -552,15 +565,26 @@ def _(case, g):
                  scheduler=Shown(pipe.scheduler, f"DDIMScheduler ({case['spacing']} spacing, "
                                                  f"timesteps {pipe.scheduler.timesteps.tolist()})"))
     scenarios, before = [], latents
+    twins = dict(unet=double(unet), controlnet=double(controlnet), scheduler=float64_twin(pipe.scheduler))
     for number, (t, expected) in enumerate(after, 1):
+        # The shadow: the pipeline's loop body on float64 copies of its models and scheduler tables.
+        exact = _step(**twins, latents=before.double(), timestep=t, prompt_embeds=prompt_embeds.double(),
+                      negative_prompt_embeds=negative_prompt_embeds.double(), control_image=control_image.double(),
+                      guidance_scale=case["guidance_scale"], conditioning_scale=case["conditioning_scale"],
+                      guess_mode=case["guess_mode"], control="guess")
         scenarios.append(Scenario(
             inputs=dict(**shown, latents=before.clone(),
                         timestep=t, prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds,
                         control_image=control_image, guidance_scale=case["guidance_scale"],
                         conditioning_scale=case["conditioning_scale"], guess_mode=case["guess_mode"]),
-            expected=expected, label=f"step {number}/{len(after)}, t={int(t)}"))
+            expected=expected, exact=exact, label=f"step {number}/{len(after)}, t={int(t)}"))
         before = expected
     return scenarios
+
+
+def double(module):
+    """A float64 copy of a module: run on float64 inputs, diffusers' own forward is the shadow."""
+    return copy.deepcopy(module).double()
 
 
 def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negative_prompt_embeds, control_image,

@@ -87,7 +87,7 @@ def record_run(case: dict, g: torch.Generator, output_type: str):
                        generator=generator, output_type=output_type)
     finally:
         hook.remove()
-    rec.update(steps=recorder.steps, final=recorder.final)
+    rec.update(steps=recorder.steps, final=recorder.final, generator=generator)  # the generator, after the run
     inputs = dict(unet=unet, scheduler=learner_scheduler, prompt_embeds=prompt, negative_prompt_embeds=negative)
     return pipe, inputs, rec, out, seed
 
@@ -127,7 +127,9 @@ def _(case, g):
     inputs.update(latents=rec["initial"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=generator, eta=case.get("eta", 0.0),
                   guidance_rescale=case.get("guidance_rescale", 0.0))
-    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps")
+    # A DDIM step with η > 0 draws from the generator: the loop must draw what the pipeline's did, no more.
+    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps",
+                    generators_after={"generator": rec["generator"]})
 
 
 def _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps, guidance_scale,
@@ -190,7 +192,8 @@ def _(case, g):
                   height=case["height"], width=case["width"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed),
                   eta=case.get("eta", 0.0), guidance_rescale=case.get("guidance_rescale", 0.0))
-    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps")
+    return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps",
+                    generators_after={"generator": rec["generator"]})
 
 
 def _image(unet, vae, scheduler, prompt_embeds, negative_prompt_embeds, height, width, num_inference_steps,

@@ -46,6 +46,16 @@ Traps:
     - After unfuse_lora the scaling still contains lora_scale: a forward with the unfused LoRA
       runs at lora_scale strength, and fusing again multiplies it once more.
 
+Precision:
+    The course's one policy (lab 01 states it): return the weight's dtype, and compute as wide as you
+    like; every float32 check also knows the exact answer on the same inputs (peft's own ΔW, merge
+    and forward on a float64 copy of the layer, the scaling in Python floats) and accepts anything
+    about as close to it as peft's own answer: ΔW in float64 and cast once, or Python-float scaling,
+    passes. The one exception is float16 ΔW, merge and unmerge: there the lesson is where peft
+    rounds (ΔW multiplied in float32, cast to float16 once, then added or subtracted in float16), so
+    those checks count the values that land a rounding step from peft's and grade that placement.
+    The float16 unmerged forward is graded against exact math like the float32 ones.
+
 Say it out loud:
     "A LoRA trains a low-rank update ΔW = s·BA for chosen weights, with s = α/r (or α/√r with
     rsLoRA) times the adapter weight times the fuse scale. I can run it as a side path,

@@ -38,6 +38,16 @@ Traps:
     - Under CFG: the control image is duplicated for both halves. In guess mode the zeros go to the
       unconditional (first) half.
 
+Precision:
+    The course's one policy (lab 01 states it): return the dtype of the tensors you are given, and
+    compute as wide as you like; every check also knows the exact answer on the same inputs (the same
+    math in float64: the 1×1 convs, the residual scales, the mid block and the whole ControlNet + CFG
+    step on float64 copies of the same models and scheduler tables) and accepts anything about as
+    close to it as diffusers' own answer. diffusers builds the guess-mode ladder with a float32
+    logspace and scales float16 residuals in float16; a ladder in float64, or scaling in float32 and
+    casting once, passes. Adding the residuals is graded bit for bit: one addition of two tensors
+    rounds the same however wide you compute it, so the UNet sees exactly what it would see.
+
 Say it out loud:
     "ControlNet is a trainable copy of the UNet's encoder that sees the control image. Each of its
     skip features goes through a zero-initialised 1×1 conv and gets added to the matching skip

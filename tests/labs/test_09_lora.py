@@ -1,4 +1,6 @@
 """Lab 09: wrong-but-plausible LoRA implementations fail, and the commonest ones are named."""
+import pytest
+
 from expect import Fails
 
 LAB = "09_lora"
@@ -130,3 +132,24 @@ def test_calling_peft_get_delta_weight_fails_with_a_friendly_message(grade_mutan
     """, *only("lora_delta"))
     assert graded.status == "failed"
     assert "is the answer key this kata is graded against" in graded.text
+
+
+# Computed wider and cast once (issue 10): graded against peft's float64 shadow, these pass; float16 ΔW
+# still rounds once, at the end, as peft's does.
+FLOAT64_BODIES = [
+    ("lora_delta", """
+        d = (lora_B.double().flatten(1) @ lora_A.double().flatten(1)).reshape(lora_B.shape[0], *lora_A.shape[1:])
+        return ((d.T if fan_in_fan_out else d) * scaling).to(lora_B.dtype)
+    """),
+    ("lora_forward", """
+        x64 = x.double()
+        y = F.linear(x64, weight.double(), None if bias is None else bias.double())
+        return (y + F.linear(F.linear(x64, lora_A.double()), lora_B.double()) * scaling).to(x.dtype)
+    """),
+]
+
+
+@pytest.mark.parametrize("function, body", FLOAT64_BODIES, ids=[f[0] for f in FLOAT64_BODIES])
+def test_a_lora_computed_in_float64_and_cast_once_passes(grade_mutant, function, body):
+    graded = grade_mutant(LAB, function, body, *only(function))
+    assert graded.status == "passed", graded.text

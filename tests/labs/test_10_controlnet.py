@@ -163,6 +163,17 @@ EQUIVALENTS = [
      s = [conditioning_scale * 10 ** (-1 + i / n) for i in range(n + 1)]
      return [d * k for d, k in zip(down_residuals, s)], mid_residual * s[-1]
      """),
+    ("zero_conv",  # computed in float64 and cast once: judged against exact math (issue 10)
+     "return (torch.einsum('oc,bchw->bohw', weight[:, :, 0, 0].double(), features.double())"
+     " + bias.double()[None, :, None, None]).to(features.dtype)"),
+    ("scale_control_residuals",  # a float64 ladder, each residual scaled in float32 and cast once
+     """
+     n = len(down_residuals)
+     s = (torch.logspace(-1, 0, n + 1, dtype=torch.float64) if guess_mode
+          else torch.ones(n + 1, dtype=torch.float64)) * conditioning_scale
+     scaled = [(r.float() * float(k)).to(r.dtype) for r, k in zip([*down_residuals, mid_residual], s)]
+     return scaled[:-1], scaled[-1]
+     """),
     ("controlnet_cfg_step",  # the two halves through ControlNet and the UNet one at a time
      """
      noises = []

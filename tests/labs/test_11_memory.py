@@ -177,3 +177,69 @@ def test_a_wrong_tiled_decode_writes_a_difference_image(grade_mutant, pytester):
     graded = grade_mutant(LAB, "tiled_decode", MUTANTS[2][1], "-m", "not budget")
     assert "difference image" in graded.text
     assert list((pytester.path / ".kata" / "diffs").glob("tiled_decode-*.png"))
+
+
+# Correct but different (issue 10): the budgets judge the math and the real cost, not the solution's shape.
+ROW_STREAMING_TILED_DECODE = """
+    # a whole row of tiles decoded and blended, written into the output, then only its bottom strips kept
+    vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+    t = tile_latent_size
+    stride, e = int(t * (1 - overlap_factor)), int(t * vsf * overlap_factor)
+    keep = t * vsf - e
+    out, above, y0 = None, None, 0
+    for i in range(0, latents.shape[2], stride):
+        row = []
+        for c, j in enumerate(range(0, latents.shape[3], stride)):
+            z = latents[:, :, i:i + t, j:j + t]
+            tile = vae.decoder(vae.post_quant_conv(z) if vae.config.use_post_quant_conv else z)
+            if above is not None:
+                tile = blend_seam(above[c], tile, e, 2)
+            if row:
+                tile = blend_seam(row[-1], tile, e, 3)
+            row.append(tile)
+        strip = torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3)
+        if out is None:
+            height = sum(min(keep, min(t, latents.shape[2] - k) * vsf) for k in range(0, latents.shape[2], stride))
+            out = strip.new_empty(strip.shape[:2] + (height, strip.shape[3]))
+        out[:, :, y0:y0 + strip.shape[2]] = strip
+        y0 += strip.shape[2]
+        above = [tile[:, :, -e:, :].clone() if e else tile for tile in row]
+    return out
+"""
+
+FLOAT64_CHUNKED_ATTENTION = """
+    # each chunk computed in float64 (K and V upcast once) and cast once into the output
+    s = query.shape[-1] ** -0.5 if scale is None else scale
+    lq = query.shape[-2]
+    out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
+    mask = None if attn_mask is None else attn_mask.expand(query.shape[:-2] + (lq, key.shape[-2]))
+    k64, v64 = key.double(), value.double()
+    for a in range(0, lq, chunk_size):
+        scores = query[..., a:a + chunk_size, :].double() @ k64.transpose(-2, -1) * s
+        if mask is not None:
+            m = mask[..., a:a + chunk_size, :]
+            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
+        out[..., a:a + chunk_size, :] = (scores.softmax(-1) @ v64).to(out.dtype)
+    return out
+"""
+
+
+def test_a_tiled_decode_that_streams_whole_rows_of_tiles_passes_its_checks_and_budgets(grade_mutant):
+    # It holds one row of tiles (grows with the image's width, not its area): 1.42x at twice the side.
+    graded = grade_mutant(LAB, "tiled_decode", ROW_STREAMING_TILED_DECODE, "-m", "not cuda")
+    assert graded.status == "passed", graded.text
+
+
+def test_a_tiled_decode_that_keeps_its_seam_strips_as_views_passes_its_checks_and_budgets(grade_mutant):
+    # A view keeps its whole tile alive: one row of tiles again, never every tile.
+    body = changed("tiled_decode", "tile[:, :, -min(extent, tile.shape[2]):, :].clone()",
+                   "tile[:, :, -min(extent, tile.shape[2]):, :]")
+    body = body.replace("tile[:, :, :, -min(extent, tile.shape[3]):].clone()", "tile[:, :, :, -min(extent, tile.shape[3]):]")
+    assert ".clone()" not in body.split("# 4.")[1]
+    graded = grade_mutant(LAB, "tiled_decode", body, "-m", "not cuda")
+    assert graded.status == "passed", graded.text
+
+
+def test_a_chunked_attention_computed_in_float64_passes_its_checks_and_budget(grade_mutant):
+    graded = grade_mutant(LAB, "chunked_attention", FLOAT64_CHUNKED_ATTENTION)
+    assert graded.status == "passed", graded.text

@@ -94,3 +94,19 @@ def open_solution_block():
     start = text.index("    # BEGIN SOLUTION: run the generation step by step")
     end = text.index("    # END SOLUTION", start)
     return "\n".join(line for line in text[start:end].splitlines()[1:])
+
+
+def test_a_loop_that_draws_one_more_number_from_the_generator_fails_although_its_latents_match(grade_mutant):
+    # The right latents, then one unused draw: the pipeline's generator would now be somewhere else.
+    graded = grade_mutant(LAB, "denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        extra = step_kwargs(scheduler, generator, eta)
+        for t in scheduler.timesteps:
+            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds,
+                                          negative_prompt_embeds, guidance_scale, guidance_rescale)
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        torch.randn((1,), generator=generator)
+        return latents
+    """, "-k", "denoise")
+    assert graded.status == "failed", graded
+    assert "drew a different amount of noise" in graded.text, graded.text

@@ -35,6 +35,15 @@ SHADOWED_LABS = {
     "06_vae_latents": {},
     "07_pipeline_components": {},
     "08_conditioning": {},
+    "09_lora": {("lora_delta", "float16"): "the lesson grades where peft rounds float16 ΔW (Precision)",
+                ("merge_lora", "float16"): "the lesson grades where peft rounds float16 ΔW (Precision)",
+                ("unmerge_lora", "float16"): "the lesson grades where peft rounds float16 ΔW (Precision)"},
+    "10_controlnet": {},
+    "11_memory": {},
+    "12_end_to_end": {(kata, dtype): ("a whole pipeline loop through its UNet and VAE, graded against the pipeline's "
+                                      "own run: its stochastic steps draw in the latents' dtype, so a float64 run "
+                                      "draws other noise (Precision)")
+                      for kata in ("denoise", "text_to_image") for dtype in (None, "float16")},
     "13_flow_matching": {},
     "14_multistep_solvers": {},
     "15_karras_edm": {},
