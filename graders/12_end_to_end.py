@@ -13,7 +13,8 @@ from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, PipelineRecorder, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import (DTYPES, SD_BETAS, PipelineRecorder, TrajectoryProbe, localizer,
+                                           quiet_diffusers, seed_from)
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT, MODEL_FORWARD
 
@@ -124,12 +125,14 @@ def _(case, g):
     pipe, inputs, rec, out, _seed = record_run(case, g, "latent")
     generator = torch.Generator()
     generator.set_state(rec["generator_after_prepare"])  # where the pipeline's generator stood at the loop
-    inputs.update(latents=rec["initial"], num_inference_steps=case["steps"],
+    probe = TrajectoryProbe(inputs["unet"], label=f"{type(inputs['unet']).__name__}(tiny, random weights)")
+    inputs.update(unet=probe, latents=rec["initial"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=generator, eta=case.get("eta", 0.0),
                   guidance_rescale=case.get("guidance_rescale", 0.0))
     # A DDIM step with η > 0 draws from the generator: the loop must draw what the pipeline's did, no more.
+    # A loop that ends wrong is told where it first left the pipeline's trajectory (the probe's record).
     return Scenario(inputs=inputs, expected=out.images, label=f"{case['scheduler']}, {case['steps']} steps",
-                    generators_after={"generator": rec["generator"]})
+                    generators_after={"generator": rec["generator"]}, on_mismatch=localizer(probe, rec["steps"]))
 
 
 def _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps, guidance_scale,

@@ -110,3 +110,55 @@ def test_a_loop_that_draws_one_more_number_from_the_generator_fails_although_its
     """, "-k", "denoise")
     assert graded.status == "failed", graded
     assert "drew a different amount of noise" in graded.text, graded.text
+
+
+# ---- where a loop first goes wrong (issue 14's localizer) ---------------------------------------------------
+DENOISE = """
+    scheduler.set_timesteps(num_inference_steps)
+    extra = step_kwargs(scheduler, generator, eta)
+    for i, t in enumerate(scheduler.timesteps):
+        model_input = {model_input}
+        {body}
+    return latents
+"""
+GUIDED_STEP = """noise_pred = cfg.guided_noise(unet, model_input, {t}, prompt_embeds, negative_prompt_embeds,
+                                      guidance_scale, guidance_rescale)
+        latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample"""
+# Guidance applied after the step: step the unconditional and the text predictions separately, then mix
+# the two next latents (the same for an affine step, not for DDIM's clipped x̂_0 or its noise at η > 0).
+GUIDED_AFTER = """both = unet(torch.cat([model_input] * 2), t, encoder_hidden_states=torch.cat([negative_prompt_embeds,
+                                                                                prompt_embeds])).sample
+        uncond, text = both.chunk(2)
+        state = generator.get_state() if generator is not None else None
+        x_u = scheduler.step(uncond, t, latents, **extra).prev_sample
+        if state is not None:
+            generator.set_state(state)
+        if getattr(scheduler, "_step_index", None) is not None:
+            scheduler._step_index -= 1
+        x_c = scheduler.step(text, t, latents, **extra).prev_sample
+        latents = x_u + guidance_scale * (x_c - x_u)"""
+
+
+def localized(graded) -> str:
+    lines = [line.strip() for line in graded.text.splitlines() if "where it first differs:" in line]
+    assert graded.status == "failed" and lines, graded.text
+    return lines[0]
+
+
+def test_a_failing_loop_is_told_the_step_where_it_first_left_the_pipeline(grade_mutant):
+    # 1. the wrong timestep at one step (the second): named there, as the timestep itself
+    graded = grade_mutant(LAB, "denoise", DENOISE.format(
+        model_input="scheduler.scale_model_input(latents, t)",
+        body=GUIDED_STEP.format(t="t - 1 if i == 1 else t")), "-k", "denoise")
+    where = localized(graded)
+    assert "step 2 of" in where and "the timestep itself" in where, where
+    # 2. scale_model_input skipped: Euler's very first UNet input is √(σ² + 1)× too large (DDIM's is not scaled)
+    graded = grade_mutant(LAB, "denoise", DENOISE.format(
+        model_input="latents", body=GUIDED_STEP.format(t="t")), "-k", "denoise")
+    where = localized(graded)
+    assert "step 1 of" in where and "× the pipeline's everywhere" in where and "scale_model_input" in where, where
+    # 3. guidance applied after the step: every UNet input and output agrees at step 1, the next input not
+    graded = grade_mutant(LAB, "denoise", DENOISE.format(model_input="scheduler.scale_model_input(latents, t)",
+                                                         body=GUIDED_AFTER), "-k", "denoise")
+    where = localized(graded)
+    assert "step 2 of" in where and "the update after step 1" in where, where
