@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_classifier_free_guidance",
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
-        "16_few_step", "17_mmdit_attention"]
+        "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -154,10 +154,18 @@ L16 = "16_few_step"
 for _check in ("vs LCMScheduler.step, every timestep", "vs LCMScheduler.step, float16"):
     fixed(L16, "lcm_step", _check, generator=GENERATOR)
 fixed(L16, "few_step_sample", "vs StableDiffusionPipeline(guidance_scale ≤ 1.5), latents", generator=GENERATOR)
+
 # ---- lab 17 -------------------------------------------------------------------------------------------
 fixed("17_mmdit_attention", "joint_attention", "vs JointAttnProcessor2_0",
       attn="an Attention module (no diffusers config, so kind() sees only its class): its heads, head_dim, "
            "qk_norm, context_pre_only and dtype do vary by case, as the check's label shows")
+
+# ---- lab 18 -------------------------------------------------------------------------------------------
+_IP_SHAPE = ("(no diffusers config, so kind() sees only its class): the heads, head_dim, number of adapters "
+             "and dtype do vary by case, as the check's label shows")
+fixed("18_text_and_image_prompts", "ip_adapter_attention", "vs IPAdapterAttnProcessor2_0",
+      attn="an Attention module " + _IP_SHAPE, to_k_ip="the adapters' key Linears " + _IP_SHAPE,
+      to_v_ip="the adapters' value Linears " + _IP_SHAPE)
 
 
 def kind(value):
@@ -179,7 +187,8 @@ def kind(value):
     config = getattr(inner, "config", None)
     if config is not None:
         weights = next(inner.parameters(), None) if isinstance(inner, torch.nn.Module) else None
-        return (type(inner).__name__, repr(sorted(dict(config).items(), key=lambda kv: kv[0])),
+        items = config.to_dict() if hasattr(config, "to_dict") else dict(config)  # transformers' configs too
+        return (type(inner).__name__, repr(sorted(items.items(), key=lambda kv: kv[0])),
                 None if weights is None else str(weights.dtype))
     return (type(inner).__name__,)
 
