@@ -1,10 +1,11 @@
-"""Learner commands of `kata`: watch, progress, hint, reset, explain.
+"""Learner commands of `kata`: watch, progress, hint, reset, explain, see.
 
     kata watch [LAB]          grade a lab, show its verdict and next step, grade again on every save
     kata progress [--fresh]   every lab: solved/total functions and the next TODO (re-grades only what changed)
     kata hint [FUNCTION]      the hint tiers earned for the function you are on (--all: every tier)
     kata reset LAB [FUNCTION] restore a kata file, or one function of it, keeping your version as a backup
     kata explain [LAB]        the lab's lesson (concept, mental model, traps, say it out loud)
+    kata see LAB              a PNG: your own functions draw with the trained shapes model, beside diffusers
 
 pytest stays the engine: watch and progress run `python -m pytest ... --kata-json` in a subprocess
 (../running.py). Every run that grades katas/, plain pytest included, merges its grades into the last
@@ -27,7 +28,7 @@ from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
 from diffusion_katas.commands.running import (MARKS, VERBS, Grading, WarmGrader, after_grading, changed_labs, counts, first_unsolved,
                                 grade, grading_failed, import_trouble, lab_entry, load_report, messages, next_todo,
-                                statuses)
+                                pytest_env, statuses)
 from diffusion_katas.commands.learner import incremental
 from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal
 from diffusion_katas.commands.learner.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
@@ -389,6 +390,23 @@ def _lesson_title(course: Course, lab: str) -> str:
         return "(does not parse)"
 
 
+# ---- see -------------------------------------------------------------------------------------------------
+def cmd_see(args) -> int:
+    """`python -m diffusion_katas.engine.see` in a subprocess (the commands import nothing of the engine; the
+    learner's code runs in a runner process of that one's, as in grading)."""
+    import subprocess
+
+    course = open_course(args.root)
+    lab = resolve_lab(course, args.lab)
+    out = (args.out or course.state / "see" / f"{lab}.png").resolve()
+    command = [sys.executable, "-m", "diffusion_katas.engine.see", lab, "--root", str(course.root), "--out", str(out),
+               "--seed", str(args.seed), "--steps", str(args.steps)]
+    if args.solutions:
+        command.append("--solutions")
+    done = subprocess.run(command, cwd=course.root, env=pytest_env())
+    return done.returncode
+
+
 # ---- the parser ------------------------------------------------------------------------------------------
 def _runner(fn):
     def run(args) -> int:
@@ -464,3 +482,15 @@ def add_commands(commands) -> None:
                  "Print a lab's lesson: concept, mental model, traps, how to say it out loud.")
     lesson.add_argument("lab", nargs="?", metavar="LAB", help="lab number or name; omit to list the labs")
     lesson.add_argument("--section", choices=[s.lower() for s in lessons.SECTIONS], help="print one section only")
+
+    see = add("see", cmd_see, "a picture: your own functions draw with the trained shapes model, beside diffusers",
+              "Run your functions of LAB (lab 05: generate) with the course's one trained model, a tiny class-"
+              "conditional UNet2DModel that draws circles, squares and triangles, in a process of their own as in "
+              "grading, and write a PNG: diffusers' samples, yours from the same seed and labels, and their "
+              "absolute difference. On a TODO kata it says which function to write first.")
+    see.add_argument("lab", metavar="LAB", help="lab number or name (so far: 05)")
+    see.add_argument("--out", type=Path, default=None, metavar="PNG",
+                     help="where to write the picture (default: .kata/see/LAB.png in the course)")
+    see.add_argument("--solutions", action="store_true", help="draw with solutions/LAB.py instead of your kata")
+    see.add_argument("--seed", type=int, default=0, metavar="N", help="the sampling seed (default: 0)")
+    see.add_argument("--steps", type=int, default=25, metavar="N", help="sampling steps (default: 25)")
