@@ -1,0 +1,121 @@
+"""Lab 19: wrong-but-plausible precision choices fail, and the commonest ones are named."""
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from expect import Fails
+
+LAB = "19_half_precision"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def choice_body(rule="f16 <= bf16") -> str:
+    """A body for half_dtype_for with its decision swapped for a wrong one."""
+    return f"""
+    f16 = max_relative_error(x, torch.float16)
+    bf16 = max_relative_error(x, torch.bfloat16)
+    m = float(x.abs().max())
+    return "float16" if {rule} else "bfloat16"
+    """
+
+
+def decode_body(up="vae.dtype == torch.float16 and vae.config.force_upcast", vae_to="vae.to(dtype=torch.float32)",
+                lat="latents = latents.to(torch.float32)", scaled="latents / vae.config.scaling_factor",
+                out="image") -> str:
+    """A body for decode_latents with one line swapped for a wrong one."""
+    return f"""
+    up = {up}
+    if up:
+        {vae_to}
+        {lat}
+    with torch.no_grad():
+        image = vae.decode({scaled}).sample
+    if up:
+        vae.to(dtype=torch.float16)
+    return {out}
+    """
+
+
+MUTANTS = [
+    ("half_dtype_for", choice_body("m <= 65504"), "chosen by range alone (float16 whenever max|x| ≤ 65504)"),
+    ("half_dtype_for", choice_body("False"), "always bfloat16 (the wider range is always safer)"),
+    ("half_dtype_for", choice_body("True"), "always float16 (more mantissa bits is always better)"),
+    ("half_dtype_for",  # float16's range checked, and its smallest *normal* value as the floor, but 0 counted too
+     choice_body("m <= 65504 and float(x.abs().min()) >= 6.1e-5"), Fails("wrong", "")),
+    ("decode_latents", decode_body(up="False"), "decoded in float16 although force_upcast is set"),
+    ("decode_latents", decode_body(out="image.half() if up else image"),
+     "image cast back to float16"),
+    ("decode_latents", decode_body(scaled="latents"), "latents not divided by scaling_factor"),
+    ("decode_latents",  # the latents upcast, the VAE left in float16: a dtype mismatch in the first conv
+     decode_body(vae_to="pass"), Fails("crash", "")),
+    ("decode_latents",  # the VAE upcast, the latents left in float16: the same mismatch the other way
+     decode_body(lat="pass"), Fails("crash", "")),
+    ("decode_latents",  # force_upcast ignored: every float16 VAE upcast (the float16-only case shows it)
+     decode_body(up="vae.dtype == torch.float16"), Fails("wrong", "dtype")),
+]
+
+ALTERNATIVES = [
+    ("half_dtype_for",
+     """
+     if float(x.abs().max()) > 65504:  # 65504 < v < 65520 rounds to 65504: compare the casts to be exact
+         if not torch.isfinite(x.to(torch.float16)).all():
+             return "bfloat16"
+     w = x.double()
+     nz = w != 0
+     if not nz.any():
+         return "float16"
+     e16 = ((x.to(torch.float16).double() - w).abs()[nz] / w.abs()[nz]).max()
+     eb = ((x.to(torch.bfloat16).double() - w).abs()[nz] / w.abs()[nz]).max()
+     return "float16" if e16 <= eb else "bfloat16"
+     """,
+     "the overflow tested first, the errors measured inline"),
+    ("decode_latents", decode_body(vae_to="vae.float()", lat="latents = latents.double().float()",
+                                   scaled="latents * (1 / vae.config.scaling_factor)"),
+     "vae.float(), and a multiplication by 1/s instead of a division"),
+]
+
+
+def _grader():
+    path = REPO / "graders" / f"{LAB}.py"
+    spec = importlib.util.spec_from_file_location(f"_test_grader_{LAB}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_overflowing_vae_really_overflows_in_float16_and_not_in_float32():
+    grader = _grader()
+    g = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, 4, 8, 8, generator=g)
+    vae = grader.make_vae(overflow=True, force_upcast=True, scaling_factor=0.13025, dtype="float32")
+    with torch.no_grad():
+        wide = vae.decode(latents / 0.13025).sample
+        half = vae.half().decode((latents / 0.13025).half()).sample
+    assert torch.isfinite(wide).all() and not torch.isfinite(half).all()
+
+
+def test_the_reference_decode_leaves_a_float16_vae_in_float16_and_returns_float32():
+    grader = _grader()
+    vae = grader.make_vae(overflow=True, force_upcast=True, scaling_factor=0.13025, dtype="float16")
+    image = grader.reference_decode(vae, torch.randn(1, 4, 8, 8).half())
+    assert image.dtype == torch.float32 and vae.dtype == torch.float16 and torch.isfinite(image).all()
+
+
+def test_the_lesson_numbers_are_torch_finfo_facts():
+    f16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    assert f16.max == 65504 and f16.eps == 2**-10 and abs(f16.tiny - 6.1e-5) < 1e-6
+    assert bf16.eps == 2**-7 and bf16.max > 3.3e38
+    assert torch.tensor(65510.0).half().item() == 65504 and torch.tensor(65520.0).half().isinf()
+
+
+def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
+    # both input dtypes, both answers; float16 and float32 VAEs, force_upcast on and off, both scaling factors, B > 1
+    grader = _grader()
+    assert {c["dtype"] for c in grader.DTYPE_CASES} == {"float32", "float64"}
+    assert {"tiny", "large", "unit"} <= {c["kind"] for c in grader.DTYPE_CASES}
+    cases = grader.UPCAST_CASES + grader.HALF_CASES
+    assert {c["dtype"] for c in cases} == {"float16", "float32"}
+    assert {c["force_upcast"] for c in cases} == {True, False}
+    assert {c["scaling_factor"] for c in cases} == {0.13025, 0.18215}
+    assert any(c["batch"] > 1 for c in cases)
