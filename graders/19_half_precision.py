@@ -30,6 +30,7 @@ half_dtype_for = Kata(
         "f16, bf16 = max_relative_error(x, torch.float16), max_relative_error(x, torch.bfloat16); "
         "return 'float16' if f16 <= bf16 else 'bfloat16'",
     ),
+    no_answer_key="graded on real casts and torch.finfo: diffusers has no function that chooses a dtype to lock",
 )
 
 
@@ -105,6 +106,8 @@ decode_latents = Kata(
         "latents = latents.float(); image = vae.decode(latents / vae.config.scaling_factor).sample; "
         "if up: vae.to(dtype=torch.float16); return image",
     ),
+    no_answer_key="the SDXL pipeline upcasts inline in __call__ (four lines, no function of their own), and the "
+                  "whole pipeline cannot be run from a VAE and latents; vae.decode itself is what the learner calls",
 )
 
 
