@@ -104,7 +104,8 @@ class WarmGrader:
         with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
             json_path = Path(tmp) / "report.json"
             args = [target, "-q", "--kata-json", str(json_path), "--rootdir", str(self.course.root),
-                    "--kata-seed", str(self.seed), "-p", "no:cacheprovider", *extra]
+                    "--kata-seed", str(self.seed), "-p", "no:cacheprovider", "--kata-reuse-builds",
+                    *extra]
             start = time.monotonic()
             self.process.stdin.write(json.dumps(args) + "\n")
             self.process.stdin.flush()

@@ -111,11 +111,12 @@ class Zygote:
         socket.send_fds(self.control, [pickle.dumps(command)], list(fds))
         return self._line()
 
-    def load(self, modules: list[tuple[str, str]]) -> None:
-        """Load graders into the warm parent (once each), with the grader's cwd and import path."""
+    def load(self, modules: list[tuple[str, str]], learner_sources: tuple = ()) -> None:
+        """Load graders into the warm parent (once each), with the grader's cwd and import path, and the
+        library modules they and the learner's files name (read, never run there)."""
         with self._lock:
             answer = self._command({"op": "load", "modules": list(modules), "cwd": os.getcwd(),
-                                    "sys_path": list(sys.path)})
+                                    "sys_path": list(sys.path), "learner_sources": [str(p) for p in learner_sources]})
         if answer != "ok":
             raise RuntimeError(f"the runners' warm parent could not load the grader: {answer[6:]}")
 
@@ -157,7 +158,7 @@ class Runner:
                  kata: str, timeout: float, forbidden_ops: tuple = (), learner_files: tuple = (),
                  answer_key_direct: tuple = ()):
         self.zygote = Zygote.shared()
-        self.zygote.load(grader_modules)
+        self.zygote.load(grader_modules, (source, *learner_files))
         self.pid, self.sock = self.zygote.fork()
         self.timeout = timeout
         self.printed = ""

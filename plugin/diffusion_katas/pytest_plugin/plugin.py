@@ -26,6 +26,8 @@ from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
 
 # Help texts, defined once and shared by the command-line option and its ini twin.
 SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (instructors' check)"
+REUSE_HELP = ("Keep each check's built references between gradings in this process and reuse them where "
+              "the case and the random states are the same (the warm grader of `kata watch` passes it)")
 SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
 HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more tier each time the same "
               "function fails again")
@@ -62,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
     group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
     group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
+    group.addoption("--kata-reuse-builds", action="store_true", default=False, help=REUSE_HELP)
     group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
     group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
     group.addoption("--kata-hidden-seed", type=int, default=None, metavar="N", help=HIDDEN_SEED_HELP)
@@ -116,6 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
         hidden_seed=hidden_seed if hidden_seed is not None else (0 if hidden_cases else None),
         hidden_cases=hidden_cases,
         hidden_output=config.getoption("kata_hidden_output"),
+        reuse_builds=config.getoption("kata_reuse_builds"),
     )
     if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
         session.failures = dict(config.cache.get("katas/failures", {}))

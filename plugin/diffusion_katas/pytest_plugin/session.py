@@ -36,6 +36,8 @@ class KataSession:
     # (lab, function, check) of kata items a selection (-k, -m, --kata-function) left out.
     deselected: list[tuple[str, str, str]] = field(default_factory=list)
     interrupted: bool = False
+    # --kata-reuse-builds (the warm grader of `kata watch`): built references kept between gradings.
+    reuse_builds: bool = False
 
     @property
     def root(self) -> Path:
