@@ -193,10 +193,24 @@ def info(folder: Path | None = None) -> dict:
 
 
 # ---- training ------------------------------------------------------------------------------------------
-def train(folder: Path, steps: int, batch: int = 32, lr: float = 2e-3, seed: int = 0, threads: int = 1,
-          log=print) -> dict:
+CHECKPOINT = 25  # the step whose weights info.json fingerprints: a test retrains this far and compares
+
+
+def fingerprint(model) -> list[float]:
+    """A few numbers that move with every weight: per parameter tensor, its float64 sum and sum of squares."""
+    import torch
+
+    with torch.no_grad():
+        return [round(float(v), 9) for p in model.parameters() for v in (p.double().sum(), p.double().square().sum())]
+
+
+def train(folder: Path | None, steps: int, batch: int = 32, lr: float = 2e-3, seed: int = 0, threads: int = 1,
+          log=print, stop_after: int | None = None):
     """Train the model with the DDPM ε objective on fresh procedural batches, keep an EMA of its weights and
-    save the EMA (safetensors) with the DDPM scheduler's config, a fixed-seed sample and info.json."""
+    save the EMA (safetensors) with the DDPM scheduler's config, a fixed-seed sample and info.json.
+
+    With `stop_after=k`: stop after k steps of the same run (the learning-rate schedule still spans `steps`)
+    and return the fingerprint of the trained weights, saving nothing: what tests retrain."""
     import time
 
     import torch
@@ -232,6 +246,10 @@ def train(folder: Path, steps: int, batch: int = 32, lr: float = 2e-3, seed: int
         with torch.no_grad():
             for pe, p in zip(ema.parameters(), unet.parameters()):
                 pe.lerp_(p, 1 - decay)
+        if step + 1 == CHECKPOINT:
+            early = {"step": CHECKPOINT, "loss": round(loss.item(), 6), "fingerprint": fingerprint(unet)}
+        if stop_after is not None and step + 1 == stop_after:
+            return fingerprint(unet)
         if step % 250 == 0 or step == steps - 1:
             log(f"step {step:5d}  loss {loss.item():.4f}  {time.monotonic() - start:6.0f} s")
     seconds = time.monotonic() - start
@@ -250,6 +268,7 @@ def train(folder: Path, steps: int, batch: int = 32, lr: float = 2e-3, seed: int
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "weights_bytes": (folder / "diffusion_pytorch_model.safetensors").stat().st_size,
         "final_loss": round(loss.item(), 4),
+        "checkpoint": early,
         "reference_sample": {**REFERENCE, "labels": list(REFERENCE["labels"]), "pipeline": "DDIMPipeline eta=0",
                              "sha256_16": sample_hash(images), "classified": found},
         "torch": torch.__version__,
