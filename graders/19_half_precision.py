@@ -179,7 +179,8 @@ def _(case, g):
 @decode_latents.trap("decoded in float16 although force_upcast is set",
                      hint="This VAE's activations pass 65504, float16's largest value: inf, then NaN after "
                           "GroupNorm. When vae.dtype is float16 and vae.config.force_upcast is True, move the "
-                          "VAE and the latents to float32 for the decode.")
+                          "VAE and the latents to float32 for the decode.",
+                     nonfinite=True)  # its signature is the overflow itself: an image with no finite pixel
 def _(vae, latents):
     with torch.no_grad():
         return vae.decode(latents / vae.config.scaling_factor).sample

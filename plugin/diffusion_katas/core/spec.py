@@ -69,6 +69,9 @@ class Trap:
     name: str
     hint: str
     fn: Callable[..., Any]
+    # An output with no finite number matches every trap as broken, so no trap is named on one; except a trap
+    # whose misconception IS such an output (a float16 decode that overflows to NaN), declared so.
+    nonfinite: bool = False
 
 
 @dataclass
@@ -162,11 +165,12 @@ class Kata:
 
         return register
 
-    def trap(self, name: str, *, hint: str):
-        """Declare a misconception; the decorated function takes the same inputs as the kata."""
+    def trap(self, name: str, *, hint: str, nonfinite: bool = False):
+        """Declare a misconception; the decorated function takes the same inputs as the kata. `nonfinite`: its
+        signature is an output with no finite number (it is named on one, where other traps are not)."""
 
         def register(fn):
-            self.traps.append(Trap(name, hint, fn))
+            self.traps.append(Trap(name, hint, fn, nonfinite))
             return fn
 
         return register

@@ -238,3 +238,56 @@ def matches(actual: Any, candidate: Any, tol: Tol) -> bool:
         return mismatch(actual, candidate, tol) is None
     except Exception:  # a trap's odd output must never break grading
         return False
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def has_finite(value: Any) -> bool:
+    """Whether an output holds at least one finite number. One with none (all NaN, say) matches every trap
+    whose output is as broken: naming a misconception on it would be a guess, so no trap is named."""
+    import torch
+
+    for leaf in _leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            if not leaf.is_floating_point() and not leaf.is_complex():
+                return True
+            if bool(torch.isfinite(leaf).any()):
+                return True
+        elif isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+            return True  # a string, a dtype, None...: not numbers, so not a question of finiteness
+        elif math.isfinite(leaf):
+            return True
+    return False
+
+
+def distance(actual: Any, candidate: Any) -> float:
+    """How far a trap's output is from the learner's: the largest absolute difference over every number
+    (inf where they differ in structure). Where several traps match, the nearest explains the output best."""
+    import torch
+
+    mine, theirs = _leaves(actual), _leaves(candidate)
+    if len(mine) != len(theirs):
+        return math.inf
+    worst = 0.0
+    for a, b in zip(mine, theirs):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape:
+                return math.inf
+            if a.numel():
+                d = (a.detach().double() - b.detach().double()).abs()
+                same = (a.detach().double() == b.detach().double()) | (a.isnan() & b.isnan()) if \
+                    a.is_floating_point() and b.is_floating_point() else None
+                if same is not None:
+                    d = torch.where(same, torch.zeros_like(d), d)
+                worst = max(worst, float(torch.nan_to_num(d, nan=math.inf).max()))
+        elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+            worst = max(worst, 0.0 if a == b or (a != a and b != b) else abs(a - b) if math.isfinite(a - b) else math.inf)
+        elif a != b:
+            return math.inf
+    return worst

@@ -322,11 +322,13 @@ class KataItem(pytest.Item):
     def _failure(self, problem: str, scenario: Scenario, out: Any, tol, rng=None) -> str:
         import torch
 
-        from diffusion_katas.engine.comparison import matches
+        from diffusion_katas.engine.comparison import distance, has_finite, matches
         from diffusion_katas.engine.isolation import fresh
 
         lines = [self.last_context, f"  {problem}"]
-        for trap in self.kata.traps:
+        best = None  # (distance, order, trap): the trap whose output is nearest the learner's explains it best
+        finite = has_finite(out)
+        for order, trap in enumerate(t for t in self.kata.traps if finite or t.nonfinite):
             if rng is not None:  # a trap that draws from the global RNG (no `generator=`) draws what the learner drew
                 torch.random.set_rng_state(rng)
             try:
@@ -334,8 +336,13 @@ class KataItem(pytest.Item):
             except Exception:
                 continue
             if matches(out, wrong, tol) and not matches(scenario.expected, wrong, tol):
-                lines.append(f"  trap: {trap.name}\n    {trap.hint}")
-                break
+                near = distance(out, wrong)
+                if best is None or near < best[0]:
+                    best = (near, order, trap)
+                if near == 0:
+                    break
+        if best is not None:
+            lines.append(f"  trap: {best[2].name}\n    {best[2].hint}")
         if scenario.on_mismatch is not None:
             session = self.config.stash[state.SESSION]
             try:
