@@ -3,7 +3,8 @@ that grades the learner's kata files (plain `pytest katas/...`, `kata watch`, `k
 by `kata hint`, `kata progress` and `kata watch`.
 
 It is merged per lab: grading lab 11 replaces lab 11's entry and keeps every other lab's. Each entry
-holds the lab's function statuses, the results that did not pass (their messages and reason codes),
+holds the lab's function statuses, the results that did not pass (their messages, reason codes and what
+the learner's code printed),
 when and with which seed it was graded, and a fingerprint of the files its grade depends on (the kata
 file, its grader, and earlier kata files it loads by name, as lab 12 does): `kata progress` re-grades
 only the labs whose fingerprint no longer matches.
@@ -212,7 +213,7 @@ def merge(old: dict | None, run_json: dict, declared: dict[str, dict[str, set[st
 
 
 def _slim(result: dict) -> dict:
-    keep = ("lab", "title", "function", "check", "status", "reason", "detail", "message", "nodeid")
+    keep = ("lab", "title", "function", "check", "status", "reason", "detail", "message", "output", "nodeid")
     return {k: result.get(k) for k in keep}
 
 

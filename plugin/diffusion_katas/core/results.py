@@ -86,6 +86,7 @@ class Result:
     hidden: bool = False
     reason: Reason = Reason.NONE
     detail: str = ""  # the reason in a few words ("does not parse: invalid syntax at line 3")
+    output: str = ""  # what the learner's code printed while the item ran, when it did not pass (capped)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

@@ -39,10 +39,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.kata_status, report.kata_reason = status.value, reason.value
         session = item.config.stash[state.SESSION]
         message = "" if report.passed else str(report.longrepr or "")
+        printed = "" if report.passed or item.hidden else printed_output(report)  # hidden inputs stay hidden
         session.results.append(Result(
             item.nodeid, item.lab, item.parent.title, item.kata.name, item.check_name, status,
-            item.kata.points, message, report.duration, item.hidden, reason, detail))
+            item.kata.points, message, report.duration, item.hidden, reason, detail, printed))
     return report
+
+
+OUTPUT_KEPT = 8000  # characters of printed output a result keeps (the runner caps each call's at 4,000)
+
+
+def printed_output(report) -> str:
+    """What the item's run printed (pytest's captured stdout and stderr sections), capped."""
+    text = "".join(content for title, content in report.sections if title.startswith("Captured std"))
+    if len(text) <= OUTPUT_KEPT:
+        return text
+    return text[:OUTPUT_KEPT] + f"\n... ({len(text):,} characters, {OUTPUT_KEPT:,} kept)"
 
 
 def classify(excinfo, report) -> tuple[Status, Reason, str]:

@@ -1,4 +1,4 @@
-"""Learner commands of `kata`: watch, progress, hint, reset, explain, see.
+"""Learner commands of `kata`: watch, progress, hint, reset, explain, see, report.
 
     kata watch [LAB]          grade a lab, show its verdict and next step, grade again on every save
     kata progress [--fresh]   every lab: solved/total functions and the next TODO (re-grades only what changed)
@@ -6,6 +6,7 @@
     kata reset LAB [FUNCTION] restore a kata file, or one function of it, keeping your version as a backup
     kata explain [LAB]        the lab's lesson (concept, mental model, traps, say it out loud)
     kata see LAB              a PNG: your own functions draw with the trained shapes model, beside diffusers
+    kata report               one HTML page: the progress table, failing checks, the next step, the pictures
 
 pytest stays the engine: watch and progress run `python -m pytest ... --kata-json` in a subprocess
 (../running.py). Every run that grades katas/, plain pytest included, merges its grades into the last
@@ -494,3 +495,17 @@ def add_commands(commands) -> None:
     see.add_argument("--solutions", action="store_true", help="draw with solutions/LAB.py instead of your kata")
     see.add_argument("--seed", type=int, default=0, metavar="N", help="the sampling seed (default: 0)")
     see.add_argument("--steps", type=int, default=25, metavar="N", help="sampling steps (default: 25)")
+
+    from diffusion_katas.commands.learner.report import cmd_report
+
+    report = add("report", cmd_report, "one HTML page: progress, failing checks, the next step, kata see's pictures",
+                 "Write one static HTML page (default .kata/report.html; readable offline, no server, no script) from "
+                 "the last grading (.kata/last-grading.json), grading nothing: every lab's solved/total, TODO, "
+                 "failing and over-budget functions, each failing check's message, the next step with the hints "
+                 "earned for it, and the pictures `kata see` wrote (.kata/see/*.png).")
+    report.add_argument("--out", type=Path, default=None, metavar="HTML",
+                        help="where to write the page (default: .kata/report.html in the course)")
+    again = report.add_mutually_exclusive_group()
+    again.add_argument("--update", action="store_true",
+                       help="first grade the labs changed since the last grading, as `kata progress` does")
+    again.add_argument("--fresh", action="store_true", help="first grade every lab again")
