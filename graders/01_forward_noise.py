@@ -232,6 +232,14 @@ def _(x0, noise, alphas_cumprod, timesteps):
     return (a**0.5 * x0.float() + (1 - a) ** 0.5 * noise.float()).to(x0.dtype)
 
 
+@add_noise.trap("one timestep for the whole batch (the first sample's ᾱ_t for every sample)",
+                hint="timesteps holds one t per sample: index alphas_cumprod with all of them, shape (B,), and "
+                     "reshape to (B, 1, 1, 1) so each sample gets its own ᾱ_t.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = alphas_cumprod.to(x0.dtype)[timesteps[0]]
+    return a**0.5 * x0 + (1 - a) ** 0.5 * noise
+
+
 @add_noise.trap("β_t used where ᾱ_t belongs (one step's noise instead of the cumulative product)",
                 hint="alphas_cumprod already holds ᾱ_t; x_t jumps straight from x_0 to step t in one go.")
 def _(x0, noise, alphas_cumprod, timesteps):

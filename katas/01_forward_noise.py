@@ -19,8 +19,9 @@ Traps:
     - float16 samples in add_noise and velocity: diffusers casts ᾱ to the sample's dtype *before*
       taking square roots; computing in float32 and casting at the end lands up to 3e-2 away. This is
       the one place the course grades where the cast goes (see Precision).
-    - Zero terminal SNR makes ᾱ_{T−1} exactly 0, so ε-prediction at the last step divides by zero;
-      that is why it is paired with v-prediction.
+    - Rescaling to zero terminal SNR by shifting √ᾱ alone (ᾱ_0 moves too), or on ᾱ instead of √ᾱ.
+      The rescale makes ᾱ_{T−1} exactly 0, so ε-prediction at the last step divides by zero; that is
+      why it is paired with v-prediction.
 
 Precision:
     One policy for the whole course. "Returns: … dtype of x0" names the dtype of the answer, not of

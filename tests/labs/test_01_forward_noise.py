@@ -26,6 +26,12 @@ MUTANTS = [
      """,
      "the 0.008 offset is missing"),
     ("alphas_cumprod", "return torch.cumprod(betas, dim=0)", "a running product of β"),
+    ("add_noise",
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps[0]]
+     return a.sqrt() * x0 + (1 - a).sqrt() * noise
+     """,
+     "one timestep for the whole batch"),
     ("alphas_cumprod", "return 1 - torch.cumsum(betas, dim=0)", "a running sum"),
     ("add_noise",
      """

@@ -41,6 +41,14 @@ class check:  # noqa: N801
 
 
 LESSON_TRAPS = {
+    "01_forward_noise": [
+        ("ᾱ_t used where √ᾱ_t belongs", trap("ᾱ_t used where √ᾱ_t belongs")),
+        ('"scaled_linear" is a linspace over √β', trap("a linspace over β itself (that is the 'linear' schedule)")),
+        ("Per-sample timesteps", trap("one timestep for the whole batch (the first sample's ᾱ_t for every sample)")),
+        ("float16 samples in add_noise and velocity", trap("computed in float32 and cast to float16 at the end")),
+        ("Rescaling to zero terminal SNR by shifting √ᾱ alone",
+         trap("shifted but not rescaled (ᾱ_0 moved too)", "shift and scale applied to ᾱ instead of √ᾱ")),
+    ],
     "11_memory": [
         ("Comparing tiled with untiled decode", trap("the whole latent decoded at once (untiled decode)")),
         ("Blending against neighbours that were not blended yet",
