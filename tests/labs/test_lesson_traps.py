@@ -83,6 +83,24 @@ LESSON_TRAPS = {
               "φ·rescaled + noise_cfg (the (1 − φ) weight is missing)", "the ratio upside down: σ(ε̂)/σ(ε_c)")),
         ("Two denoiser calls of batch B", budget("one batched denoiser call per step")),
     ],
+    "05_sampling_loop": [
+        ("The loop is not a progress bar",
+         check("vs DDIMPipeline, η 0/½/1, pre-clamp", "the counted UNet says 'That is the loop index' when it "
+               "gets t = k at call k")),
+        ("A scheduler keeps the timesteps of its last set_timesteps call",
+         check("vs DDIMPipeline, η 0/½/1, pre-clamp", "the counted UNet names the earlier run's schedule the "
+               "scheduler still held: 'Call scheduler.set_timesteps(num_inference_steps) before the loop'")),
+        ("Calling the UNet twice per step",
+         check("vs DDPMPipeline, pre-clamp sample", "the counted UNet says 'two UNet calls for one step'")),
+        ("scheduler.step without generator=", trap("scheduler.step called without generator=")),
+        ("DDIM's eta is a step argument", trap("eta not passed to scheduler.step (DDIM ran with η = 0)")),
+        ("Clamping belongs to the very end", trap("the sample clamped to [-1, 1] inside the loop")),
+        ("The pipeline draws the initial noise for the whole batch in one torch.randn call",
+         trap("one torch.randn call per image")),
+        ("Changing the timesteps",
+         check("vs DDIMPipeline, η 0/½/1, pre-clamp", "the counted UNet names a run of another length: 'the "
+               "schedule has only n timesteps: the pipeline stops after n calls', or the first wrong t")),
+    ],
     "06_vae_latents": [
         ("Multiplying by the scaling factor before decoding",
          trap("multiplied by the scaling factor instead of dividing", "the scaling factor forgotten")),
@@ -250,7 +268,6 @@ LESSON_TRAPS = {
 UNREVIEWED = {
     "03_scheduler_reading": "its first two bullets (the loop counter, inference vs training schedule) name "
                             "concepts no lab 03 function can get wrong yet: to be reworded or given a trap",
-    "05_sampling_loop": "its first bullet (range(n) as timesteps) names no trap yet",
     "09_lora": "its fusing bullets (s², s³ when fusing one by one; unfuse keeping lora_scale) are diffusers' "
                "behaviour the checks reproduce, but no message names them yet",
     "12_end_to_end": "its first bullet (explaining only the model family) is a say-it-out-loud point, not code",
