@@ -165,6 +165,22 @@ _timesteps_trap("'linspace' over [0, T] instead of [0, T−1]",
                 linspace_to_T=True)
 
 
+@inference_timesteps.trap("the loop counter n−1, …, 0 (range(n) reversed) instead of the scheduler's timesteps",
+                          hint="The model was trained on timesteps 0 … T−1 and must see the noise level of each "
+                               "step: the spacing spreads the n steps over that whole range (leading, n = 10: "
+                               "900, 800, …, 0), while n−1, …, 0 are the n cleanest training timesteps.")
+def _(num_inference_steps, num_train_timesteps=1000, timestep_spacing="leading", steps_offset=0):
+    return torch.arange(num_inference_steps, dtype=torch.int64).flip(0)
+
+
+@inference_timesteps.trap("n consecutive training timesteps T−1, T−2, … (the spacing never applied)",
+                          hint="Inference visits n of the T training timesteps spread over the whole range, not the "
+                               "first n counted down from T−1 (n = 10, T = 1000: 999, 998, …, 990 would stop at a "
+                               "still almost pure-noise level). The spacing picks which ones.")
+def _(num_inference_steps, num_train_timesteps=1000, timestep_spacing="leading", steps_offset=0):
+    return num_train_timesteps - 1 - torch.arange(num_inference_steps, dtype=torch.int64)
+
+
 # ---- euler_timesteps --------------------------------------------------------------------------------
 euler_timesteps = Kata(
     "euler_timesteps",

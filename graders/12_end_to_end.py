@@ -289,7 +289,15 @@ def _(**kw):
     return _traced(kw, cond_batch=1)
 
 
-def _traced(kw, unet_input_batch=2, cond_batch=2):
+@inference_trace.trap("the image upcast to float32 (a float16 pipeline stays float16 to the image)",
+                      hint="Nothing in the pipeline widens a float16 run: the decoder's output and the image after "
+                           "postprocessing stay in the latents' dtype (postprocess maps [−1, 1] to [0, 1] in the "
+                           "input's dtype; it does not cast).")
+def _(**kw):
+    return _traced(kw, image_dtype=torch.float32)
+
+
+def _traced(kw, unet_input_batch=2, cond_batch=2, image_dtype=None):
     """The right trace but for one boundary's batch: the shapes, written out (no generation needed)."""
     B = kw["prompt_embeds"].shape[0]
     dtype = kw["prompt_embeds"].dtype
@@ -304,4 +312,5 @@ def _traced(kw, unet_input_batch=2, cond_batch=2):
     return [b("conditioning", (cond_batch * B, L, D)), b("initial latents", (B, C, h, w)),
             b("unet input", (unet_input_batch * B, C, h, w)), b("unet output", (2 * B, C, h, w)),
             b("guided noise", (B, C, h, w)), b("final latents", (B, C, h, w)),
-            b("decoded", (B, 3, kw["height"], kw["width"])), b("image", (B, 3, kw["height"], kw["width"]))]
+            b("decoded", (B, 3, kw["height"], kw["width"])),
+            dict(b("image", (B, 3, kw["height"], kw["width"])), dtype=str(image_dtype or dtype))]

@@ -20,6 +20,10 @@ Mental model:
                   unfuse_lora subtracts the same ΔW again.
     - The scaling is state on each peft layer. set_adapters(names, weights) *sets* it to w·α/r.
       fuse_lora(lora_scale) *multiplies* it by lora_scale, and unfuse_lora leaves it multiplied.
+      So fusing adapters one by one with fuse_lora(lora_scale=s, adapter_names=[...]) multiplies the
+      scaling of every active adapter on each call (an adapter fused later gets s², s³, ...), and
+      after unfuse_lora a forward with the unfused LoRA runs at lora_scale strength, and fusing
+      again multiplies it once more. The functions below take the scaling as the layer holds it.
     - Several adapters stack: W₀ + s_a·B_a A_a + s_b·B_b A_b, merged one after the other in the
       order of the active adapters.
     - Convolutions: A is a conv with the layer's kernel, weight (r, in, kh, kw); B is a 1×1 conv,
@@ -41,10 +45,6 @@ Traps:
     - float16: adding ΔW in float32 and casting the sum rounds in a different place from peft,
       which casts ΔW first and then adds in float16: 12% to 31% of the values end up one float16
       step away.
-    - Fusing adapters one by one with fuse_lora(lora_scale=s, adapter_names=[...]) multiplies the
-      scaling of every active adapter on each call, so an adapter fused later gets s², s³, ...
-    - After unfuse_lora the scaling still contains lora_scale: a forward with the unfused LoRA
-      runs at lora_scale strength, and fusing again multiplies it once more.
 
 Precision:
     The course's one policy (lab 01 states it): return the weight's dtype, and compute as wide as you

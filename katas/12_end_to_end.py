@@ -17,7 +17,9 @@ Mental model:
     postprocess (lab 06), prepare_latents (lab 07). If one of them is still TODO, so is this lab.
 
 Traps:
-    - Explaining only the model family: the scheduler and the VAE decide the output as much as the UNet.
+    - Treating the UNet as the whole model: the scheduler and the VAE decide the output as much as the
+      UNet. Decoding the final latents without dividing by the VAE's scaling_factor gives a wrong image
+      from a right loop.
     - prepare_latents before set_timesteps: with Euler's "leading" spacing init_noise_sigma changes
       (157.4 before, 26.0 after, for 5 steps), so x_T is scaled wrongly.
     - scale_model_input skipped: harmless for DDIM (the identity), wrong for Euler (÷√(σ²+1)).

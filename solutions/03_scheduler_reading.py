@@ -33,7 +33,8 @@ Traps:
     - A scheduler is not a loop counter: `for t in range(n)` feeds the model timesteps 0 … n−1, which
       are the wrong noise levels. The model must see the timesteps the scheduler chose.
     - The inference schedule is not the training schedule: 50 steps visit 50 of the 1000 trained
-      timesteps, and the spacing decides which ones; ᾱ (and so σ) comes from the training table.
+      timesteps spread over the whole range by the spacing, not the first 50 counted down from T−1
+      (999, 998, …, 950 stops at almost pure noise); ᾱ (and so σ) comes from the training table.
     - "leading" uses the integer spacing T//n, so it usually starts well below T−1 (n = 7: 852, …, 0);
       "trailing" uses T/n and starts at T−1 (999, 856, …, 142). steps_offset shifts "leading" only.
     - Forgetting to reverse: inference runs from noisy (large t) to clean (small t).

@@ -78,10 +78,14 @@ MUTANTS = [
      "'trailing' with the integer spacing T//n"),
     ("inference_timesteps", timesteps_body(linspace="torch.linspace(0, T - 1, n, dtype=torch.float64).flip(0).long()"),
      "'linspace' truncated"),
+    # the training schedule walked one timestep at a time (the lesson's second trap)
+    ("inference_timesteps", timesteps_body(leading="T - 1 - torch.arange(n)", trailing="T - 1 - torch.arange(n)",
+                                           linspace="T - 1 - torch.arange(n)"),
+     "n consecutive training timesteps"),
     ("inference_timesteps", timesteps_body(linspace="torch.linspace(0, T, n, dtype=torch.float64).round().flip(0).long()"),
      "'linspace' over [0, T]"),
-    ("inference_timesteps",  # a loop counter is not a schedule
-     "return torch.arange(num_inference_steps).flip(0)", Fails("wrong", "values differ")),
+    ("inference_timesteps",  # a loop counter is not a schedule (the lesson's first trap)
+     "return torch.arange(num_inference_steps).flip(0)", "the loop counter n−1, …, 0"),
     ("inference_timesteps",  # the right values as float: DDIM's timesteps are int64
      timesteps_body(leading="((torch.arange(n) * (T // n)).flip(0) + steps_offset).double()"), Fails("wrong", "has dtype")),
     ("euler_timesteps",

@@ -77,6 +77,27 @@ MUTANTS = [
         decoded = vae_lab.decode_latents(vae, latents)
         return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded, "pt"))]
      """, "the conditioning recorded as the prompt alone"),
+    ("inference_trace", """
+        trace = []
+        scheduler.set_timesteps(num_inference_steps)
+        cond = torch.cat([negative_prompt_embeds, prompt_embeds])
+        trace.append(boundary("conditioning", cond))
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        trace.append(boundary("initial latents", latents))
+        extra = step_kwargs(scheduler, generator, 0.0)
+        for i, t in enumerate(scheduler.timesteps):
+            x = scheduler.scale_model_input(torch.cat([latents, latents]), t)
+            out = unet(x, t, encoder_hidden_states=cond).sample
+            guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
+            if i == 0:
+                trace += [boundary("unet input", x), boundary("unet output", out), boundary("guided noise", guided)]
+            latents = scheduler.step(guided, t, latents, **extra).prev_sample
+        trace.append(boundary("final latents", latents))
+        decoded = vae_lab.decode_latents(vae, latents)
+        return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded.float(), "pt"))]
+     """, "the image upcast to float32"),  # the lesson's trace-dtypes trap: postprocessed in float32
 ]
 
 
