@@ -45,6 +45,18 @@ TWINS = [
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         return scores.softmax(-1) @ value
      """, "OVER peak"),
+    ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", """
+        enc1, hid1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
+                               temb=temb, image_rotary_emb=image_rotary_emb)
+        r = hid1 - hidden_states
+        hid, enc = run_blocks(blocks[1:], hid1, enc1, temb, image_rotary_emb)  # every block, whatever δ says
+        if cache is not None and residual_change(r, cache["head_residual"]) <= threshold:
+            tail_hid, tail_enc = cache["tail_residuals"]
+            return hid1 + tail_hid, enc1 + tail_enc, {**cache, "should_compute": False}
+        return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
+                          "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
+     """, "OVER block calls"),
+    ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),
     ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", """
         guide = guidance_scale > 1
         scheduler.set_timesteps(num_inference_steps)

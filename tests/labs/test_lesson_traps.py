@@ -305,6 +305,21 @@ LESSON_TRAPS = {
         ("Forgetting the 1/scaling_factor before the decoder",
          trap("latents not divided by scaling_factor", "image cast back to float16")),
     ],
+    "20_first_block_cache": [
+        ("Refreshing the cached residual on a skipped step",
+         trap("the cached residual refreshed on a skipped step (δ against the previous step, not the last "
+              "computed one)")),
+        ("The tail residual taken from the blocks' input",
+         trap("the tail residual taken from the blocks' input (x_N − x) instead of the first block's output (x_N − x₁)")),
+        ("δ relative to the current residual",
+         trap("δ relative to the current residual (÷ mean|r| instead of mean|r_cached|)",
+              "the signed mean of the difference (no abs: positive and negative changes cancel)",
+              "an L2 change ‖r − r_cached‖ / ‖r_cached‖ instead of the mean absolute one")),
+        ("Caching the image stream only",
+         trap("only the image stream restored on a skipped step (the text stream left at b_1's output)")),
+        ("One cache for the cond and uncond calls", trap("one cache shared by the cond and uncond calls")),
+        ("Deciding to skip but running the other blocks anyway", budget("a skipped call runs the first block only")),
+    ],
 }
 
 # Labs left out of the accounting, by lab-number prefix, each with why. Every lab is accounted for today.

@@ -148,6 +148,20 @@ VAE_HALF = Tol(
 )
 
 
+RELATIVE_CHANGE = Tol(
+    1e-7, 1e-5,
+    "δ = mean|r − r_c| / mean|r_c| over hundreds of elements: summing in another order or in float64 moves a "
+    "float32 δ by ≤ 1e-6 relative (float32 sums of 256-1152 elements); a wrong formula (÷ the current "
+    "residual, no abs, an L2 norm) is off by ≥ 5%",
+)
+CACHED_BLOCKS = Tol(
+    1e-5, 1e-5,
+    "the same blocks on the same inputs, plus one subtraction and one addition of cached residuals: another "
+    "order of those (x₁ + (x_N − x₁) vs x_N) moves a value by a float32 ulp or two; a wrong cache is off by a "
+    "whole block's change (≥ 1e-2)",
+)
+
+
 def output_dtype(expected):
     """The dtype of an expected output: its own, or its first tensor's (tuples, lists, dicts)."""
     if hasattr(expected, "dtype"):

@@ -1,0 +1,465 @@
+"""Grader for lab 20 · First Block Cache, against diffusers' cache hooks on a tiny Flux transformer.
+
+residual_change is graded against the δ that FBCHeadBlockHook._should_compute_remaining_blocks computes and
+compares with its threshold (the live method, on a state holding the cached residual; its `.item()` recorded),
+with the same method run on float64 residuals as the shadow.
+
+first_block_cache_step and cached_transformer_calls are graded against FluxTransformer2DModel.enable_cache(
+FirstBlockCacheConfig(threshold)) on a tiny random Flux transformer, run the way FluxPipeline runs it: a
+FlowMatchEulerDiscreteScheduler loop, each transformer call under cache_context("cond") or, with true CFG,
+("uncond"). Torch hooks on the hooked model's first and last blocks record, at every call, the first block's
+inputs, diffusers' cache state (FBCSharedBlockState) before and after, and the last block's outputs. The learner's
+functions get unhooked copies of the same blocks, counted. Each run's threshold starts at the case's value and is
+moved until the run has both skipped and computed calls and no δ within 2% of it (a decision never turns on
+rounding); the label gives the threshold used.
+"""
+import copy
+
+import torch
+
+from diffusion_katas.core.spec import Kata, Measurement, Scenario
+from diffusion_katas.core.tolerances import CACHED_BLOCKS, RELATIVE_CHANGE
+
+FBC = "diffusers.hooks.first_block_cache"
+ANSWER_KEY = (f"{FBC}.FBCHeadBlockHook.new_forward", f"{FBC}.FBCBlockHook.new_forward",
+              f"{FBC}.FBCHeadBlockHook._should_compute_remaining_blocks", f"{FBC}.apply_first_block_cache")
+
+# ---- residual_change --------------------------------------------------------------------------------
+residual_change = Kata(
+    "residual_change",
+    hints=(
+        "How far did this step's first-block residual move from the cached one, relative to the cached one? "
+        "One number over every element.",
+        "δ = mean|r − r_cached| / mean|r_cached|: an L1 change relative to the cached residual's own size.",
+        "return float((residual - cached_residual).abs().mean() / cached_residual.abs().mean())",
+    ),
+    answer_key=ANSWER_KEY,
+)
+
+
+class _ItemSpy(torch.overrides.TorchFunctionMode):
+    """Records every Tensor.item() result while active: the δ diffusers' hook turns into a Python float."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.item:
+            self.values.append(out)
+        return out
+
+
+def hook_delta(residual: torch.Tensor, cached: torch.Tensor) -> float:
+    """δ as FBCHeadBlockHook._should_compute_remaining_blocks computes it, on a state holding `cached`."""
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook, FBCSharedBlockState
+    from diffusers.hooks.hooks import CacheContext, StateManager
+
+    manager = StateManager(FBCSharedBlockState, (), {})
+    manager.set_context(CacheContext("cond"))
+    manager.get_state().head_block_residual = cached
+    with _ItemSpy() as spy:
+        FBCHeadBlockHook(manager, threshold=0.0)._should_compute_remaining_blocks(residual)
+    assert len(spy.values) == 1, spy.values
+    return spy.values[0]
+
+
+def _residuals(kind: str, shape, dtype, g):
+    cached = torch.randn(*shape, generator=g, dtype=torch.float64)
+    noise = torch.randn(*shape, generator=g, dtype=torch.float64)
+    if kind == "close":  # a late step: the residual barely moved
+        residual = cached + 0.05 * noise
+    elif kind == "grown":  # the residual grew: its own mean differs from the cached one's
+        residual = 1.8 * cached + 0.3 * noise
+    elif kind == "shrunk":
+        residual = 0.4 * cached + 0.2 * noise
+    else:  # "moved": an early step, a large change
+        residual = cached + noise
+    return residual.to(dtype), cached.to(dtype)
+
+
+CHANGE_CASES = [dict(kind="close", shape=(1, 16, 16), dtype="float32"),
+                dict(kind="grown", shape=(2, 12, 32), dtype="float32"),
+                dict(kind="shrunk", shape=(1, 20, 8), dtype="float64"),
+                dict(kind="moved", shape=(3, 7, 16), dtype="float32"),
+                dict(kind="grown", shape=(1, 9, 24), dtype="float64")]
+
+
+@residual_change.check("vs FBCHeadBlockHook's δ", cases=CHANGE_CASES, tol=RELATIVE_CHANGE)
+def _(case, g):
+    residual, cached = _residuals(case["kind"], case["shape"], getattr(torch, case["dtype"]), g)
+    return Scenario(inputs=dict(residual=residual, cached_residual=cached), expected=hook_delta(residual, cached),
+                    exact=hook_delta(residual.double(), cached.double()),
+                    label=f"a {case['kind']} residual, {case['dtype']}")
+
+
+@residual_change.trap("δ relative to the current residual (÷ mean|r| instead of mean|r_cached|)",
+                      hint="The yardstick is the cached residual: δ asks how far this step moved from the last "
+                           "full step, measured in that step's own size. Divide by mean|cached_residual|.")
+def _(residual, cached_residual):
+    return float((residual - cached_residual).abs().mean() / residual.abs().mean())
+
+
+@residual_change.trap("the signed mean of the difference (no abs: positive and negative changes cancel)",
+                      hint="mean(r − r_cached) is close to 0 for any change that goes both ways: take the "
+                           "absolute value of each difference before the mean.")
+def _(residual, cached_residual):
+    return float((residual - cached_residual).mean().abs() / cached_residual.abs().mean())
+
+
+@residual_change.trap("an L2 change ‖r − r_cached‖ / ‖r_cached‖ instead of the mean absolute one",
+                      hint="First Block Cache (like TeaCache) uses the relative L1 change: mean absolute values, "
+                           "not Euclidean norms. The threshold's scale is made for that number.")
+def _(residual, cached_residual):
+    return float((residual - cached_residual).norm() / cached_residual.norm())
+
+
+# ---- the hooked tiny Flux transformer ----------------------------------------------------------------
+IN_CHANNELS, JOINT_DIM, POOLED_DIM = 4, 16, 8
+
+
+class CountedBlocks(torch.nn.ModuleList):
+    """A ModuleList of Flux blocks that logs the index of every block called (in `calls`); slices share the log."""
+
+    def __init__(self, modules=None, config=None):
+        modules = list(modules or [])
+        if modules and not all(isinstance(m, _Counted) for m in modules):
+            log: list[int] = []
+            modules = [_Counted(m, i, log) for i, m in enumerate(modules)]
+        super().__init__(modules)
+        self.calls = modules[0].log if modules else []
+        self.config = config  # what these blocks are (for describing them)
+
+    def __setattr__(self, name, value):
+        if name == "calls" and "calls" in self.__dict__:  # the grader copying back what a learner's call logged:
+            self.__dict__["calls"][:] = value  # into the list the blocks log to, which they keep
+            return
+        super().__setattr__(name, value)
+
+    def __repr__(self) -> str:
+        c = self.config or {}
+        return (f"{len(self)} Flux blocks ({c.get('double_stream')} double-stream, {c.get('single_stream')} "
+                f"single-stream; tiny, random weights; block calls counted)")
+
+
+class _Counted(torch.nn.Module):
+    def __init__(self, block, index, log):
+        super().__init__()
+        self.block, self.index, self.log = block, index, log
+
+    def forward(self, *args, **kwargs):
+        self.log.append(self.index)
+        return self.block(*args, **kwargs)
+
+
+def make_transformer(double_stream: int, single_stream: int):
+    """A tiny FluxTransformer2DModel (random weights from the global RNG): 2 heads of 8, rotary axes (2, 2, 4)."""
+    from diffusers import FluxTransformer2DModel
+
+    return FluxTransformer2DModel(patch_size=1, in_channels=IN_CHANNELS, num_layers=double_stream,
+                                  num_single_layers=single_stream, attention_head_dim=8, num_attention_heads=2,
+                                  joint_attention_dim=JOINT_DIM, pooled_projection_dim=POOLED_DIM,
+                                  guidance_embeds=False, axes_dims_rope=(2, 2, 4)).eval().requires_grad_(False)
+
+
+def counted_blocks(model) -> CountedBlocks:
+    """Unhooked copies of the model's blocks in the order its forward runs them, counted."""
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    return CountedBlocks(copy.deepcopy(blocks), config=dict(double_stream=len(model.transformer_blocks),
+                                                            single_stream=len(model.single_transformer_blocks),
+                                                            dim=model.inner_dim))
+
+
+def _snapshot(state):
+    """diffusers' FBCSharedBlockState as this lab's cache dict (None before the context's first call)."""
+    if state.head_block_residual is None:
+        return None
+    hid, enc = state.head_block_output[0], state.head_block_output[1]
+    tail_hid, tail_enc = state.tail_block_residuals
+    return {"head_residual": state.head_block_residual.clone(), "head_output": (hid.clone(), enc.clone()),
+            "tail_residuals": (tail_hid.clone(), tail_enc.clone()), "should_compute": bool(state.should_compute)}
+
+
+def _inputs(case, g):
+    B, (h, w), L = case["batch"], case["hw"], case["text"]
+    latents = torch.randn(B, h * w, IN_CHANNELS, generator=g)
+    prompts = [(torch.randn(B, L, JOINT_DIM, generator=g), torch.randn(B, POOLED_DIM, generator=g))
+               for _ in range(2)]  # the prompt's, then the negative prompt's
+    if case.get("negative") == "close":  # a negative prompt a little off the prompt: the two contexts' first-block
+        (embeds, pooled), (other, other_pooled) = prompts  # residuals are then close, and only keying the caches
+        prompts[1] = (embeds + 0.03 * other, pooled + 0.03 * other_pooled)  # by context tells them apart
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    return latents, prompts, img_ids.reshape(h * w, 3), torch.zeros(L, 3)
+
+
+def record_run(pristine, case, start, threshold: float) -> list[dict]:
+    """FluxPipeline's denoising loop on a hooked copy of `pristine` (First Block Cache at `threshold`), from the
+    inputs `start`: per transformer call, the first block's inputs, diffusers' cache before and after, the
+    last block's outputs."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    model = copy.deepcopy(pristine)
+    model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    head = model.transformer_blocks[0]._diffusers_hook.get_hook("fbc_leader_block_hook")
+    last = [*model.transformer_blocks, *model.single_transformer_blocks][-1]
+    calls = []
+
+    def before(module, args, kwargs):
+        calls.append(dict(context=head.state_manager.context.name,
+                          hidden_states=kwargs["hidden_states"].clone(),
+                          encoder_hidden_states=kwargs["encoder_hidden_states"].clone(), temb=kwargs["temb"].clone(),
+                          image_rotary_emb=tuple(t.clone() for t in kwargs["image_rotary_emb"]),
+                          cache_before=_snapshot(head.state_manager.get_state())))
+
+    def after(module, args, kwargs, output):
+        enc, hid = output
+        calls[-1].update(output=(hid.clone(), enc.clone()), cache_after=_snapshot(head.state_manager.get_state()))
+
+    model.transformer_blocks[0].register_forward_pre_hook(before, with_kwargs=True)
+    last.register_forward_hook(after, with_kwargs=True)
+    latents, prompts, img_ids, txt_ids = start
+    latents = latents.clone()
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(case["steps"])
+    contexts = ("cond", "uncond") if case["cfg"] else ("cond",)
+    for t in scheduler.timesteps:
+        timestep = t.expand(latents.shape[0]).to(latents.dtype) / 1000
+        preds = []
+        for context, (embeds, pooled) in zip(contexts, prompts):
+            with model.cache_context(context):
+                preds.append(model(hidden_states=latents, timestep=timestep, pooled_projections=pooled,
+                                   encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids,
+                                   return_dict=False)[0])
+        v = preds[0] if len(preds) == 1 else preds[1] + case["cfg"] * (preds[0] - preds[1])
+        latents = scheduler.step(v, t, latents).prev_sample
+    model._reset_stateful_cache()  # as the pipeline does at the end of a generation
+    return calls
+
+
+def _deltas(blocks, calls) -> list[float | None]:
+    """Each call's δ in float64 (None where nothing was cached): for keeping thresholds away from them."""
+    out = []
+    for call in calls:
+        if call["cache_before"] is None:
+            out.append(None)
+            continue
+        _, hid = blocks[0].block(hidden_states=call["hidden_states"], encoder_hidden_states=call["encoder_hidden_states"],
+                                 temb=call["temb"], image_rotary_emb=call["image_rotary_emb"])
+        r, c = (hid - call["hidden_states"]).double(), call["cache_before"]["head_residual"].double()
+        out.append(float((r - c).abs().mean() / c.abs().mean()))
+    return out
+
+
+def run(case, g):
+    """A tiny transformer, its inputs, and a recorded cached run whose threshold separates skips from full runs."""
+    pristine = make_transformer(*case["layers"])
+    blocks = counted_blocks(pristine)
+    start = _inputs(case, g)
+    threshold = case["threshold"]
+    for _ in range(40):
+        calls = record_run(pristine, case, start, threshold)
+        deltas = [d for d in _deltas(blocks, calls) if d is not None]
+        skipped = sum(not c["cache_after"]["should_compute"] for c in calls)
+        if skipped == 0:
+            threshold *= 1.25
+        elif skipped == len(deltas):
+            threshold /= 1.25
+        elif any(abs(d - threshold) <= 0.02 * threshold for d in deltas):
+            threshold *= 1.03
+        else:
+            blocks.calls.clear()
+            return blocks, calls, threshold
+    raise RuntimeError(f"no threshold separates this run's skips from its full runs: {case}")
+
+
+def _label(calls, i, threshold):
+    call = calls[i]
+    ran = call["cache_after"]["should_compute"]
+    return (f"call {i + 1}/{len(calls)} ({call['context']}), threshold {threshold:.4g}: diffusers "
+            + ("ran every block" + (" (nothing cached yet)" if call["cache_before"] is None else "")
+               if ran else "skipped blocks[1:]"))
+
+
+# ---- first_block_cache_step -----------------------------------------------------------------------------
+first_block_cache_step = Kata(
+    "first_block_cache_step",
+    hints=(
+        "The first block always runs. Its residual decides: compare it with the cached one; then either run "
+        "every other block and cache what this step did, or add what the other blocks added last time.",
+        "r = x₁ − x; compute if cache is None or δ(r, cache['head_residual']) > threshold, then cache r, (x₁, c₁) "
+        "and (x_N − x₁, c_N − c₁); else return (x₁ + tail_x, c₁ + tail_c) with the cache unchanged but "
+        "should_compute False.",
+        "enc1, hid1 = blocks[0](hidden_states=..., ...); r = hid1 - hidden_states; if cache is None or "
+        "residual_change(r, cache['head_residual']) > threshold: hid, enc = run_blocks(blocks[1:], hid1, enc1, "
+        "temb, image_rotary_emb); return hid, enc, {'head_residual': r, 'head_output': (hid1, enc1), "
+        "'tail_residuals': (hid - hid1, enc - enc1), 'should_compute': True}; else: th, te = "
+        "cache['tail_residuals']; return hid1 + th, enc1 + te, {**cache, 'should_compute': False}",
+    ),
+    answer_key=ANSWER_KEY,
+)
+
+STEP_CASES = [
+    dict(layers=(2, 2), hw=(4, 4), text=5, batch=1, steps=8, cfg=0.0, threshold=0.15),
+    dict(layers=(1, 3), hw=(3, 5), text=3, batch=2, steps=6, cfg=3.0, threshold=0.2),
+    dict(layers=(3, 1), hw=(4, 2), text=4, batch=1, steps=7, cfg=0.0, threshold=0.1),
+]
+
+
+@first_block_cache_step.check("vs the hooked Flux transformer, call by call", cases=STEP_CASES, tol=CACHED_BLOCKS)
+def _(case, g):
+    blocks, calls, threshold = run(case, g)
+    return [Scenario(inputs=dict(blocks=blocks, hidden_states=c["hidden_states"],
+                                 encoder_hidden_states=c["encoder_hidden_states"], temb=c["temb"],
+                                 image_rotary_emb=c["image_rotary_emb"], cache=c["cache_before"], threshold=threshold),
+                     expected=(*c["output"], c["cache_after"]), label=_label(calls, i, threshold))
+            for i, c in enumerate(calls)]
+
+
+def _step(blocks, hidden_states, encoder_hidden_states, temb, image_rotary_emb, cache, threshold, *,
+          refresh_on_skip=False, tail_from_input=False, text_cached=True):
+    """The cached step, with one thing done wrong (the traps below)."""
+    def call(block, hid, enc):
+        enc, hid = block(hidden_states=hid, encoder_hidden_states=enc, temb=temb, image_rotary_emb=image_rotary_emb)
+        return hid, enc
+
+    hid1, enc1 = call(blocks[0], hidden_states, encoder_hidden_states)
+    r = hid1 - hidden_states
+    compute = cache is None or hook_delta(r, cache["head_residual"]) > threshold
+    if not compute:
+        tail_hid, tail_enc = cache["tail_residuals"]
+        new = {**cache, "should_compute": False}
+        if refresh_on_skip:
+            new["head_residual"] = r
+        return hid1 + tail_hid, (enc1 + tail_enc) if text_cached else enc1, new
+    hid, enc = hid1, enc1
+    for block in blocks[1:]:
+        hid, enc = call(block, hid, enc)
+    base_hid, base_enc = (hidden_states, encoder_hidden_states) if tail_from_input else (hid1, enc1)
+    return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
+                      "tail_residuals": (hid - base_hid, enc - base_enc), "should_compute": True}
+
+
+@first_block_cache_step.trap("the cached residual refreshed on a skipped step (δ against the previous step, not "
+                             "the last computed one)",
+                             hint="A skipped step leaves the cache as it is: δ must keep measuring against the "
+                                  "last step that ran every block, or a slow drift never crosses the threshold "
+                                  "while the cached tail grows stale.")
+def _(**kw):
+    return _step(**kw, refresh_on_skip=True)
+
+
+@first_block_cache_step.trap("the tail residual taken from the blocks' input (x_N − x) instead of the first "
+                             "block's output (x_N − x₁)",
+                             hint="The tail residual is what blocks[1:] added: last output − first block's output. "
+                                  "Measured from the input it also holds the first block's change, which a skipped "
+                                  "step then adds twice.")
+def _(**kw):
+    return _step(**kw, tail_from_input=True)
+
+
+@first_block_cache_step.trap("only the image stream restored on a skipped step (the text stream left at b_1's "
+                             "output)",
+                             hint="Flux's blocks update both streams: a skipped step adds the cached tail residual "
+                                  "to encoder_hidden_states too.")
+def _(**kw):
+    return _step(**kw, text_cached=False)
+
+
+# ---- cached_transformer_calls --------------------------------------------------------------------------
+cached_transformer_calls = Kata(
+    "cached_transformer_calls",
+    hints=(
+        "Each call goes through first_block_cache_step with the cache its own context left: the cond and "
+        "uncond calls see different prompts and must not share a cache.",
+        "caches = {}; per call: hid, enc, cache = first_block_cache_step(..., caches.get(call['context']), "
+        "threshold); caches[context] = cache; record (hid, enc, cache['should_compute']).",
+        "caches, out = {}, []; for c in calls: h, e, k = first_block_cache_step(blocks, c['hidden_states'], "
+        "c['encoder_hidden_states'], c['temb'], c['image_rotary_emb'], caches.get(c['context']), threshold); "
+        "caches[c['context']] = k; out.append((h, e, k['should_compute'])); return out",
+    ),
+    answer_key=ANSWER_KEY,
+)
+
+RUN_CASES = [
+    dict(layers=(2, 2), hw=(4, 4), text=5, batch=1, steps=8, cfg=3.5, negative="close", threshold=0.15),
+    dict(layers=(1, 2), hw=(5, 3), text=4, batch=1, steps=10, cfg=0.0, threshold=0.2),
+    dict(layers=(2, 1), hw=(3, 3), text=6, batch=2, steps=6, cfg=2.0, threshold=0.12),
+]
+
+
+def _call_inputs(calls):
+    keys = ("context", "hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb")
+    return [{k: c[k] for k in keys} for c in calls]
+
+
+@cached_transformer_calls.check("vs the hooked Flux transformer through a sampling run (true CFG: two contexts)",
+                                cases=RUN_CASES, tol=CACHED_BLOCKS)
+def _(case, g):
+    blocks, calls, threshold = run(case, g)
+    trace = "".join("C" if c["cache_after"]["should_compute"] else "·" for c in calls)
+    return Scenario(inputs=dict(blocks=blocks, calls=_call_inputs(calls), threshold=threshold),
+                    expected=[(*c["output"], c["cache_after"]["should_compute"]) for c in calls],
+                    label=f"{len(calls)} calls, threshold {threshold:.4g}; diffusers' trace {trace} "
+                          "(C: every block ran, ·: skipped)")
+
+
+def _calls(blocks, calls, threshold, *, shared=False, forget=False):
+    caches, out = {}, []
+    for call in calls:
+        key = "one" if shared else call["context"]
+        hid, enc, cache = _step(blocks, call["hidden_states"], call["encoder_hidden_states"], call["temb"],
+                                call["image_rotary_emb"], None if forget else caches.get(key), threshold)
+        caches[key] = cache
+        out.append((hid, enc, cache["should_compute"]))
+    return out
+
+
+@cached_transformer_calls.trap("one cache shared by the cond and uncond calls",
+                               hint="FluxPipeline wraps each call in transformer.cache_context('cond') or "
+                                    "('uncond'): the two prompts give different residuals and tails, and each "
+                                    "context keeps its own cache. Key the caches by call['context'].")
+def _(**kw):
+    return _calls(**kw, shared=True)
+
+
+@cached_transformer_calls.trap("the returned cache dropped: every call starts empty (and runs every block)",
+                               hint="first_block_cache_step returns the cache for the next call of the same "
+                                    "context: keep it and pass it back, or nothing is ever skipped.")
+def _(**kw):
+    return _calls(**kw, forget=True)
+
+
+# ---- budgets ------------------------------------------------------------------------------------------
+BUDGET_CASE = dict(layers=(2, 2), hw=(4, 4), text=5, batch=1, steps=8, cfg=3.0, threshold=0.15)
+
+
+def _allowed(calls, n_blocks) -> tuple[int, int]:
+    skipped = sum(not c["cache_after"]["should_compute"] for c in calls)
+    return (len(calls) - skipped) * n_blocks + skipped, skipped
+
+
+@first_block_cache_step.budget("a skipped call runs the first block only")
+def _(learner, g):
+    blocks, calls, threshold = run(BUDGET_CASE, g)
+    for c in calls:
+        learner(blocks=blocks, hidden_states=c["hidden_states"], encoder_hidden_states=c["encoder_hidden_states"],
+                temb=c["temb"], image_rotary_emb=c["image_rotary_emb"], cache=c["cache_before"], threshold=threshold)
+    allowed, skipped = _allowed(calls, len(blocks))
+    return [Measurement(f"block calls over {len(calls)} transformer calls ({skipped} skipped by diffusers)",
+                        len(blocks.calls), allowed, "calls",
+                        f"{len(blocks)} blocks per computed call, 1 (the first) per skipped call: the saving is the "
+                        "point of the cache")]
+
+
+@cached_transformer_calls.budget("block calls over a cached CFG run")
+def _(learner, g):
+    blocks, calls, threshold = run(BUDGET_CASE, g)
+    learner(blocks=blocks, calls=_call_inputs(calls), threshold=threshold)
+    allowed, skipped = _allowed(calls, len(blocks))
+    return [Measurement(f"block calls over {len(calls)} transformer calls ({skipped} skipped by diffusers)",
+                        len(blocks.calls), allowed, "calls",
+                        f"{len(blocks)} blocks per computed call, 1 per skipped call, each call once")]
