@@ -57,6 +57,8 @@ TWINS = [
                           "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
      """, "OVER block calls"),
     ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),
+    ("21_serving_batcher", "serve", "one denoiser call per tick, rows of the active requests only",
+     importlib.import_module("test_21_serving_batcher").serve_body(call="each"), "call by call"),
     ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", """
         guide = guidance_scale > 1
         scheduler.set_timesteps(num_inference_steps)

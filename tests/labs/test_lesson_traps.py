@@ -320,6 +320,19 @@ LESSON_TRAPS = {
         ("One cache for the cond and uncond calls", trap("one cache shared by the cond and uncond calls")),
         ("Deciding to skip but running the other blocks anyway", budget("a skipped call runs the first block only")),
     ],
+    "21_serving_batcher": [
+        ("One scheduler shared by every request", trap("one scheduler shared by every request (set_timesteps for one "
+                                                       "resets the others)")),
+        ("One timestep for the whole batch", trap("one timestep for the whole batch (the first request's)")),
+        ("The CFG rows in the wrong order",
+         trap("the CFG text rows as [positive, negative] (the pipeline puts the negative prompt first)",
+              "uncond and text rows swapped: ε_c + s(ε_u − ε_c)")),
+        ("A layout that assumes two rows per request",
+         trap("two rows assumed per request (the rows found by position, not by the layout)")),
+        ("One generator for every request", trap("one generator for every request's initial noise")),
+        ("Keeping a cancelled request in the batch to the end",
+         budget("one denoiser call per tick, rows of the active requests only")),
+    ],
 }
 
 # Labs left out of the accounting, by lab-number prefix, each with why. Every lab is accounted for today.

@@ -21,7 +21,7 @@ LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_cla
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
         "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts", "19_half_precision",
-        "20_first_block_cache"]
+        "20_first_block_cache", "21_serving_batcher"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -167,6 +167,8 @@ _IP_SHAPE = ("(no diffusers config, so kind() sees only its class): the heads, h
 fixed("18_text_and_image_prompts", "ip_adapter_attention", "vs IPAdapterAttnProcessor2_0",
       attn="an Attention module " + _IP_SHAPE, to_k_ip="the adapters' key Linears " + _IP_SHAPE,
       to_v_ip="the adapters' value Linears " + _IP_SHAPE)
+fixed("21_serving_batcher", "serve", "vs each request alone through StableDiffusionPipeline",
+      unet="the tiny UNet of the pipeline (a DenoiserProbe around it): " + MODEL)
 
 
 def kind(value):

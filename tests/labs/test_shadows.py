@@ -51,6 +51,7 @@ SHADOWED_LABS = {
     "18_text_and_image_prompts": {},
     "19_half_precision": {},
     "20_first_block_cache": {},
+    "21_serving_batcher": {},
     "16_few_step": {("few_step_sample", None): "a whole pipeline loop through a UNet: its reference is the "
                                                 "pipeline's own forwards, with no float64 twin"},
 }

@@ -1,0 +1,344 @@
+"""Grader for lab 21 · Serving: a step-level batcher, against each request run alone through its pipeline.
+
+Every reference is StableDiffusionPipeline (tiny UNet, no text encoder) run for ONE request at a time with its
+prompt_embeds, negative_prompt_embeds, guidance_scale, num_inference_steps and a generator seeded with its seed,
+output_type="latent"; a PipelineRecorder keeps what its UNet got and returned and what scheduler.step got.
+
+pack_batch: the entries are requests at some step of their solo runs; the expected batch is the concatenation of
+the UNet inputs the pipeline built for each alone (the sample doubled under CFG, the text [negative, positive]),
+each row with its request's timestep. split_guided: the batch output is the concatenation of the UNet outputs of
+the solo runs; the expected pieces are the guided noise each solo run handed scheduler.step. serve: each finished
+request's latents against its solo run (SERVED_LATENTS: a batched UNet call rounds a sample differently from a
+call on it alone); the denoiser is a DenoiserProbe, and the batch it saw at each call must hold exactly the
+active requests' rows (the join / leave / cancel rules of the docstring). Budget: calls and rows on a larger run.
+"""
+import copy
+
+import torch
+
+from diffusion_katas.core.spec import Kata, KataFailure, Measurement, Scenario
+from diffusion_katas.core.tolerances import EXACT, SERVED_LATENTS, STEP_MATH
+from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import SD_BETAS, DenoiserProbe, PipelineRecorder
+
+SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler"}
+
+
+def pipeline(kind: str):
+    """A tiny StableDiffusionPipeline with the named scheduler (its config as the pipeline rewrites it)."""
+    import diffusers
+
+    return tiny.sd_pipeline(getattr(diffusers, SCHEDULERS[kind])(**SD_BETAS), unet=tiny.unet_cond().requires_grad_(False))
+
+
+def make_requests(specs, g) -> list[dict]:
+    """Requests from (guidance_scale, num_inference_steps, arrival, cancel_at) specs, with random prompts."""
+    return [dict(id=f"r{i}", prompt_embeds=tiny.text_embeddings(1, g), negative_prompt_embeds=tiny.text_embeddings(1, g),
+                 guidance_scale=s, num_inference_steps=n, seed=int(torch.randint(0, 2**31 - 1, (), generator=g)),
+                 arrival=arrival, cancel_at=cancel) for i, (s, n, arrival, cancel) in enumerate(specs)]
+
+
+def solo(pipe, request, latent_shape, record=False):
+    """One request alone through the pipeline: its final latents (and the recorder, when asked)."""
+    C, h, w = latent_shape
+    scale = pipe.vae_scale_factor
+    kwargs = dict(prompt_embeds=request["prompt_embeds"], negative_prompt_embeds=request["negative_prompt_embeds"],
+                  guidance_scale=request["guidance_scale"], num_inference_steps=request["num_inference_steps"],
+                  generator=torch.Generator().manual_seed(request["seed"]), height=h * scale, width=w * scale,
+                  output_type="latent", return_dict=False)
+    assert C == pipe.unet.config.in_channels
+    if not record:
+        return pipe(**kwargs)[0]
+    with PipelineRecorder(pipe, pipe.unet) as recorder:
+        latents = pipe(**kwargs)[0]
+    return latents, recorder
+
+
+def _describe(requests) -> str:
+    return "; ".join(f"{r['id']}: s={r['guidance_scale']:g}, {r['num_inference_steps']} steps, arrives {r['arrival']}"
+                     + (f", cancelled at {r['cancel_at']}" if r["cancel_at"] is not None else "") for r in requests)
+
+
+# ---- pack_batch --------------------------------------------------------------------------------------
+pack_batch = Kata(
+    "pack_batch",
+    hints=(
+        "Each request brings the rows its own pipeline call would give the UNet: how many, in which order, and "
+        "at which timestep? Then concatenate, and remember where each request's rows are.",
+        "CFG (s > 1): rows [x, x], text [negative, positive]; otherwise one row x with the positive text. Every "
+        "row gets its request's timestep (torch.stack). layout[i] = (start, start + rows).",
+        "for e in entries: rows = 2 if e['guidance_scale'] > 1 else 1; samples += [e['sample']] * rows; "
+        "texts += [e['negative_prompt_embeds'], e['prompt_embeds']] if rows == 2 else [e['prompt_embeds']]; "
+        "ts += [e['timestep']] * rows; layout.append((start, start + rows)); start += rows — then "
+        "torch.cat(samples), torch.stack(ts), torch.cat(texts), layout",
+    ),
+    no_answer_key="the batch across requests is the server's own: no diffusers function builds it (the pipeline's "
+                  "per-request CFG batch is inline in StableDiffusionPipeline.__call__)",
+)
+
+PACK_CASES = [
+    dict(scheduler="ddim", specs=((7.5, 5), (1.0, 4), (3.0, 6)), latent_shape=(4, 8, 8)),
+    dict(scheduler="euler", specs=((1.0, 3), (4.0, 5)), latent_shape=(4, 8, 12)),
+    dict(scheduler="ddim", specs=((2.0, 3), (5.0, 4), (1.0, 2), (1.5, 5)), latent_shape=(4, 12, 8)),
+]
+
+
+def _solo_steps(case, g):
+    """Each request of the case run alone, recorded, at a random step of its run."""
+    pipe = pipeline(case["scheduler"])
+    requests = make_requests([(s, n, 0, None) for s, n in case["specs"]], g)
+    picked = []
+    for r in requests:
+        _, recorder = solo(pipe, r, case["latent_shape"], record=True)
+        k = int(torch.randint(0, r["num_inference_steps"], (), generator=g))
+        picked.append((r, recorder.steps[k], k))
+    return picked
+
+
+@pack_batch.check("vs each request's own pipeline UNet input, concatenated", cases=PACK_CASES, tol=EXACT)
+def _(case, g):
+    picked = _solo_steps(case, g)
+    entries, layout, start = [], [], 0
+    for r, step, _ in picked:
+        rows = step.denoiser_input.shape[0]
+        entries.append(dict(sample=step.denoiser_input[:1].clone(), timestep=step.t.clone(),
+                            prompt_embeds=r["prompt_embeds"], negative_prompt_embeds=r["negative_prompt_embeds"],
+                            guidance_scale=r["guidance_scale"]))
+        layout.append((start, start + rows))
+        start += rows
+    expected = (torch.cat([s.denoiser_input for _, s, _ in picked]),
+                torch.stack([s.t for _, s, _ in picked for _ in range(s.denoiser_input.shape[0])]),
+                torch.cat([s.conditioning for _, s, _ in picked]), layout)
+    label = ", ".join(f"{r['id']} (s={r['guidance_scale']:g}, step {k + 1}/{r['num_inference_steps']})"
+                      for r, _, k in picked)
+    return Scenario(inputs=dict(entries=entries), expected=expected, label=f"{case['scheduler']}: {label}")
+
+
+def _pack(entries, *, order="np", one_t=False, double_all=False):
+    samples, ts, texts, layout, start = [], [], [], [], 0
+    for e in entries:
+        cfg = e["guidance_scale"] > 1 or double_all
+        rows = 2 if cfg else 1
+        pair = [e["negative_prompt_embeds"], e["prompt_embeds"]]
+        texts += (pair if order == "np" else pair[::-1]) if cfg else [e["prompt_embeds"]]
+        samples += [e["sample"]] * rows
+        ts += [entries[0]["timestep"] if one_t else e["timestep"]] * rows
+        layout.append((start, start + rows))
+        start += rows
+    return torch.cat(samples), torch.stack(ts), torch.cat(texts), layout
+
+
+@pack_batch.trap("the CFG text rows as [positive, negative] (the pipeline puts the negative prompt first)",
+                 hint="StableDiffusionPipeline concatenates [negative_prompt_embeds, prompt_embeds] and reads the "
+                      "output chunks as (uncond, text): keep that order in each request's rows.")
+def _(entries):
+    return _pack(entries, order="pn")
+
+
+@pack_batch.trap("one timestep for the whole batch (the first request's)",
+                 hint="Requests are at different points of their own schedules: each row carries its own "
+                      "request's timestep, and the UNet takes a (R,) tensor of them.")
+def _(entries):
+    return _pack(entries, one_t=True)
+
+
+# ---- split_guided ------------------------------------------------------------------------------------
+split_guided = Kata(
+    "split_guided",
+    hints=(
+        "The layout says which rows are whose. A request with two rows gets classifier-free guidance with its "
+        "own scale; a request with one row gets that row.",
+        "for (a, b), s in zip(layout, scales): rows = noise_pred[a:b]; two rows: u, c = rows.chunk(2); "
+        "u + s·(c − u); one row: rows.",
+        "out = []; for (a, b), s in zip(layout, guidance_scales): r = noise_pred[a:b]; if b - a == 2: u, c = "
+        "r.chunk(2); r = u + s * (c - u); out.append(r); return out",
+    ),
+    no_answer_key="StableDiffusionPipeline combines the two halves inline in __call__ (lab 04 grades that line); "
+                  "splitting a batch across requests is the server's own",
+)
+
+
+@split_guided.check("vs the guided noise each request's own pipeline handed scheduler.step", cases=PACK_CASES,
+                    tol=STEP_MATH)
+def _(case, g):
+    picked = _solo_steps(case, g)
+    layout, start = [], 0
+    for _, step, _ in picked:
+        layout.append((start, start + step.denoiser_output.shape[0]))
+        start = layout[-1][1]
+    return Scenario(inputs=dict(noise_pred=torch.cat([s.denoiser_output for _, s, _ in picked]), layout=layout,
+                                guidance_scales=[r["guidance_scale"] for r, _, _ in picked]),
+                    expected=[s.step_input for _, s, _ in picked],
+                    label=f"{case['scheduler']}: " + ", ".join(f"{r['id']} s={r['guidance_scale']:g}"
+                                                               for r, _, _ in picked))
+
+
+def _split(noise_pred, layout, guidance_scales, *, swap=False, pairs=False):
+    out = []
+    for i, ((a, b), s) in enumerate(zip(layout, guidance_scales)):
+        if pairs:
+            a, b = 2 * i, 2 * i + (2 if b - a == 2 else 1)
+        rows = noise_pred[a:b]
+        if rows.shape[0] == 2:
+            u, c = rows.chunk(2)
+            if swap:
+                u, c = c, u
+            rows = u + s * (c - u)
+        out.append(rows)
+    return out
+
+
+@split_guided.trap("uncond and text rows swapped: ε_c + s(ε_u − ε_c)",
+                   hint="The first row of a CFG pair is the negative prompt's (uncond), the second the prompt's: "
+                        "ε_u + s(ε_c − ε_u).")
+def _(noise_pred, layout, guidance_scales):
+    return _split(noise_pred, layout, guidance_scales, swap=True)
+
+
+@split_guided.trap("two rows assumed per request (the rows found by position, not by the layout)",
+                   hint="A request without CFG has one row: after it every request's rows start one earlier. "
+                        "Read each request's rows from layout[i].")
+def _(noise_pred, layout, guidance_scales):
+    return _split(noise_pred, layout, guidance_scales, pairs=True)
+
+
+# ---- serve -------------------------------------------------------------------------------------------
+serve = Kata(
+    "serve",
+    hints=(
+        "Keep per request its own scheduler copy (set to its step count), its latents from its own seed, and its "
+        "step count so far. Every tick: admit, drop the cancelled, one batch, one call, split, step each.",
+        "admit (arrival ≤ tick): own = deepcopy(scheduler); own.set_timesteps(n); x = randn((1, *shape), "
+        "generator=Generator().manual_seed(seed)) · own.init_noise_sigma. Drop cancel_at ≤ tick. Entries: "
+        "sample = own.scale_model_input(x, t), t = own.timesteps[step]. pack_batch → unet(...).sample → "
+        "split_guided → own.step(noise, t, x).prev_sample; after n steps: finished[id] = x.",
+        "while pending or active: admit; active = [a for a in active if cancel_at is None or cancel_at > tick]; "
+        "if active: sample, ts, text, layout = pack_batch(entries); noise = unet(sample, ts, "
+        "encoder_hidden_states=text).sample; for a, n in zip(active, split_guided(noise, layout, scales)): "
+        "step it; finished ones out; tick += 1",
+    ),
+    no_answer_key="no diffusers function batches across requests: each request's own StableDiffusionPipeline run "
+                  "is the reference, and the pipeline is what the learner replaces",
+)
+
+
+def expected_batches(requests) -> list[int]:
+    """The rows of each denoiser call under the docstring's rules (join at arrival, leave when done or cancelled)."""
+    pending, active, sizes, tick = list(requests), [], [], 0
+    while pending or active:
+        for r in [r for r in pending if r["arrival"] <= tick]:
+            pending.remove(r)
+            active.append([r, 0])
+        active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
+        if active:
+            sizes.append(sum(2 if a[0]["guidance_scale"] > 1 else 1 for a in active))
+            for a in active:
+                a[1] += 1
+            active = [a for a in active if a[1] < a[0]["num_inference_steps"]]
+        tick += 1
+    return sizes
+
+
+SERVE_CASES = [
+    dict(scheduler="ddim", specs=((7.5, 5, 0, None), (1.0, 3, 1, None), (3.0, 6, 2, None), (5.0, 4, 0, 2)),
+         latent_shape=(4, 8, 8)),
+    dict(scheduler="euler", specs=((4.0, 4, 0, None), (1.0, 5, 0, None), (6.0, 3, 7, None)), latent_shape=(4, 8, 12)),
+    dict(scheduler="ddim", specs=((2.5, 3, 0, None), (3.0, 4, 1, 0)), latent_shape=(4, 4, 4)),
+]
+
+
+def _verify_batches(probe, requests, expected):
+    def verify(out):
+        from diffusion_katas.engine.comparison import mismatch
+
+        if mismatch(out, expected, SERVED_LATENTS):  # wrong latents: that failure (and its trap) speaks first
+            return
+        want = expected_batches(requests)
+        if probe.batch_sizes != want:
+            raise KataFailure(
+                f"  the denoiser's batches had {probe.batch_sizes} rows, call by call; the requests' rules give {want} "
+                f"(one call per tick with any active request; 2 rows for a request with CFG, 1 without; a request "
+                f"joins at the first tick ≥ its arrival and leaves after its last step or at its cancel_at tick)")
+    return verify
+
+
+@serve.check("vs each request alone through StableDiffusionPipeline", cases=SERVE_CASES, tol=SERVED_LATENTS)
+def _(case, g):
+    pipe = pipeline(case["scheduler"])
+    requests = make_requests(case["specs"], g)
+    expected = {r["id"]: solo(pipe, r, case["latent_shape"]) for r in requests if r["cancel_at"] is None}
+    probe = DenoiserProbe(pipe.unet)
+    return Scenario(inputs=dict(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests,
+                                latent_shape=case["latent_shape"]),
+                    expected=expected, verify=_verify_batches(probe, requests, expected),
+                    label=f"{case['scheduler']}: {_describe(requests)}")
+
+
+def _serve(unet, scheduler, requests, latent_shape, *, shared_scheduler=False, shared_generator=False,
+           unscaled=False):
+    pending, active, finished, tick = list(requests), [], {}, 0
+    generator = torch.Generator().manual_seed(requests[0]["seed"]) if shared_generator else None
+    while pending or active:
+        for r in [r for r in pending if r["arrival"] <= tick]:
+            pending.remove(r)
+            own = scheduler if shared_scheduler else copy.deepcopy(scheduler)
+            own.set_timesteps(r["num_inference_steps"])
+            x = torch.randn((1, *latent_shape), generator=generator or torch.Generator().manual_seed(r["seed"]))
+            active.append({"r": r, "s": own, "x": x if unscaled else x * own.init_noise_sigma, "k": 0})
+        active = [a for a in active if a["r"]["cancel_at"] is None or a["r"]["cancel_at"] > tick]
+        if active:
+            entries = []
+            for a in active:
+                t = a["s"].timesteps[a["k"]]
+                entries.append(dict(sample=a["s"].scale_model_input(a["x"], t), timestep=t,
+                                    prompt_embeds=a["r"]["prompt_embeds"],
+                                    negative_prompt_embeds=a["r"]["negative_prompt_embeds"],
+                                    guidance_scale=a["r"]["guidance_scale"]))
+            sample, ts, text, layout = _pack(entries)
+            with torch.no_grad():
+                noise = unet(sample, ts, encoder_hidden_states=text).sample
+            for a, n, e in zip(active, _split(noise, layout, [e["guidance_scale"] for e in entries]), entries):
+                a["x"] = a["s"].step(n, e["timestep"], a["x"]).prev_sample
+                a["k"] += 1
+                if a["k"] == len(a["s"].timesteps):  # a shared scheduler's length is the last set_timesteps'
+                    finished[a["r"]["id"]] = a["x"]
+            active = [a for a in active if a["k"] < len(a["s"].timesteps)]
+        tick += 1
+    return finished
+
+
+@serve.trap("one scheduler shared by every request (set_timesteps for one resets the others)",
+            hint="A scheduler holds one request's state: its timesteps for n steps, Euler's step index and σ's. "
+                 "Give each request copy.deepcopy(scheduler) and set that copy to the request's own step count.")
+def _(**kw):
+    return _serve(**kw, shared_scheduler=True)
+
+
+@serve.trap("one generator for every request's initial noise",
+            hint="A request's initial latents come from torch.Generator().manual_seed(its seed), as its own pipeline "
+                 "call would draw them: a shared generator gives every request but the first other noise.")
+def _(**kw):
+    return _serve(**kw, shared_generator=True)
+
+
+@serve.trap("initial latents not scaled by the request's scheduler's init_noise_sigma",
+            hint="prepare_latents multiplies the noise by scheduler.init_noise_sigma (1 for DDIM, σ_max-ish for "
+                 "Euler), read after set_timesteps on the request's own scheduler.")
+def _(**kw):
+    return _serve(**kw, unscaled=True)
+
+
+# ---- budget ------------------------------------------------------------------------------------------
+@serve.budget("one denoiser call per tick, rows of the active requests only")
+def _(learner, g):
+    pipe = pipeline("ddim")
+    specs = ((6.0, 6, 0, None), (1.0, 4, 0, None), (3.0, 5, 1, 3), (2.0, 3, 2, None), (4.5, 2, 4, None))
+    requests = make_requests(specs, g)
+    probe = DenoiserProbe(pipe.unet)
+    learner(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests, latent_shape=(4, 8, 8))
+    want = expected_batches(requests)
+    return [Measurement(f"denoiser calls serving {len(requests)} requests", probe.calls, len(want), "calls",
+                        f"one batched call per tick with work ({len(want)} ticks), never one per request"),
+            Measurement("denoiser rows over the run", sum(probe.batch_sizes), sum(want), "rows",
+                        "2 rows per CFG request, 1 otherwise, and none for a request after its last step or its "
+                        "cancellation (request r2 is cancelled at tick 3)")]

@@ -1,0 +1,129 @@
+"""Lab 21 · Serving: a step-level batcher that runs many requests through one denoiser call per step
+
+Concept:
+    A server that runs each text-to-image request through its own pipeline call uses the accelerator
+    badly: a batch of one, and a queue behind it. Diffusion's loop has a natural unit of work, the step,
+    so a server can batch *across requests* at every step (continuous, or step-level, batching, as LLM
+    servers do per token): each active request contributes its rows to one denoiser call, gets its rows
+    back, and takes its own scheduler step. Requests join the batch between steps when they arrive and
+    leave it when their last step is done or when they are cancelled; their step counts, schedules and
+    guidance scales can all differ. Done right, every request gets exactly the latents it would have got
+    alone (up to the denoiser's batch-size rounding), and the server pays one denoiser call per step
+    however many requests are in flight.
+
+Mental model:
+    - A request r: prompt and negative prompt embeddings, guidance scale s_r, n_r steps, a seed, the tick
+      it arrives at and, perhaps, the tick it is cancelled at. Its state: its own scheduler (set_timesteps(n_r):
+      timesteps, σ's and step index are per request), its latents, how many steps it has taken.
+    - Its rows in the batch: with classifier-free guidance (s_r > 1, as StableDiffusionPipeline decides)
+      two rows, [x, x] with text [negative, positive]; otherwise one row, x with the positive prompt. Each
+      row carries its request's own timestep: the UNet takes a timestep per sample.
+    - One tick: admit the requests that have arrived (initial latents: randn from the request's own
+      generator × its scheduler's init_noise_sigma, as prepare_latents); drop the cancelled ones; build
+      the batch (scale_model_input by each request's scheduler); ONE denoiser call; split the output back
+      by the layout; guidance per request (ε_u + s_r(ε_c − ε_u)); each request's own scheduler.step; the
+      requests that took their last step leave with their latents.
+    - Cost: the denoiser runs once per tick with work to do, on as many rows as the active requests
+      need, and never on a request that is gone.
+
+Traps:
+    - One scheduler shared by every request: set_timesteps for one resets the others' timesteps and
+      step index. Each request needs its own copy, set to its own step count.
+    - One timestep for the whole batch: requests that joined at different ticks, or with other step
+      counts, are at different noise levels.
+    - The CFG rows in the wrong order: StableDiffusionPipeline puts [negative, positive] and reads the
+      chunks as (uncond, text); a swap turns guidance around.
+    - A layout that assumes two rows per request: a request without CFG has one, and every request
+      after it would read its neighbour's rows.
+    - One generator for every request (or the batch's): each request's initial noise comes from its own
+      seed, or it would not reproduce its solo run.
+    - Keeping a cancelled request in the batch to the end: its result is thrown away, its rows are paid
+      for at every step. The budget counts the rows.
+
+Precision:
+    The course's one policy (lab 01 states it): compute as wide as you like. A batched UNet call rounds a
+    sample differently from a call on that sample alone (other matmul blocking), so the served latents are
+    judged against each request's solo pipeline run with a tolerance measured for that (SERVED_LATENTS);
+    the batch's pieces are judged exactly against the pipeline's own inputs and guided outputs.
+
+Say it out loud:
+    "Every tick I admit the requests that arrived, drop the cancelled ones, and put each active request's
+    rows in one batch: two rows with its negative and positive prompt if it uses CFG, one otherwise, each
+    with its own timestep. One UNet call; I split the output by the layout, guide each request with its
+    own scale and step it with its own scheduler. A request that finishes leaves with its latents, and it
+    matches what the pipeline gives it alone."
+
+Graded against: StableDiffusionPipeline (tiny UNet, no text encoder: prompt_embeds and
+negative_prompt_embeds), each request run alone with output_type="latent", DDIM and Euler; its own UNet
+inputs and guided noise recorded for the batch's pieces; budget: denoiser calls and rows, counted.
+Run: python -m pytest katas/21_serving_batcher.py
+"""
+import copy
+
+import torch
+
+
+# ---- Worked example --------------------------------------------------------------------------------
+def uses_cfg(guidance_scale: float) -> bool:
+    """Whether a request runs classifier-free guidance (two rows): StableDiffusionPipeline's
+    do_classifier_free_guidance for a UNet without time_cond_proj_dim."""
+    return guidance_scale > 1
+
+
+# ---- Your turn -------------------------------------------------------------------------------------
+def pack_batch(entries: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """One denoiser batch from the active requests' pieces, in the order given.
+
+    Graded against: the UNet inputs StableDiffusionPipeline builds for each request alone (the sample
+    doubled under CFG, the text [negative, positive]), concatenated in order, with each row's timestep.
+    Args:
+        entries: one dict per request, with
+            sample:                 (1, C, h, w) the request's latents after its scheduler's scale_model_input
+            timestep:               0-dim tensor, the request's current timestep (int64 or float32)
+            prompt_embeds, negative_prompt_embeds: (1, L, D)
+            guidance_scale:         float
+    Returns: (sample (R, C, h, w), timesteps (R,) in the entries' timestep dtype, encoder_hidden_states
+        (R, L, D), layout): layout[i] = (start, stop), the rows of entry i (2 rows with CFG, else 1).
+    """
+    # TODO: per entry two rows ([negative, positive]) under CFG, else one; a timestep per row; record the rows
+    raise NotImplementedError
+
+
+def split_guided(noise_pred: torch.Tensor, layout: list[tuple[int, int]],
+                 guidance_scales: list[float]) -> list[torch.Tensor]:
+    """The batch's denoiser output back to each request, guided.
+
+    Graded against: the guided noise StableDiffusionPipeline hands scheduler.step for each request alone.
+    Args:
+        noise_pred:      (R, C, h, w) the denoiser's output for a batch from `pack_batch`.
+        layout:          pack_batch's layout.
+        guidance_scales: one per entry.
+    Returns: one (1, C, h, w) tensor per entry: ε_u + s(ε_c − ε_u) for a CFG entry (its rows are
+        (uncond, text)), its one row otherwise.
+    """
+    # TODO: each entry's own rows; (uncond, text) chunks combined with its own scale
+    raise NotImplementedError
+
+
+def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """Serve every request with one denoiser call per tick, requests joining and leaving between ticks.
+
+    Tick k = 0, 1, 2, ...: admit the requests with arrival ≤ k (in list order); drop the active requests
+    with cancel_at ≤ k (they get no result); if any request is active, pack every active request (in
+    admission order), call unet(sample, timesteps, encoder_hidden_states=...).sample once, split, and step
+    each request with its own scheduler; a request that took its last step leaves with its latents. Stop
+    when every request has left.
+
+    Graded against: StableDiffusionPipeline run for each finished request alone (its prompt_embeds,
+    negative_prompt_embeds, guidance_scale, num_inference_steps and a generator seeded with its seed,
+    output_type="latent"); budget: denoiser calls and rows.
+    Args:
+        unet:         a UNet2DConditionModel (calls counted).
+        scheduler:    a configured scheduler (DDIM or Euler), to copy for each request; leave it unchanged.
+        requests:     dicts with id (str), prompt_embeds and negative_prompt_embeds (1, L, D),
+                      guidance_scale, num_inference_steps, seed (int), arrival (tick), cancel_at (tick or None).
+        latent_shape: (C, h, w) of one request's latents.
+    Returns: {id: final latents (1, C, h, w)} for every request that finished (none for a cancelled one).
+    """
+    # TODO: per request its own scheduler and generator; every tick admit, drop, pack, one call, split, step
+    raise NotImplementedError
