@@ -1,8 +1,9 @@
-"""`kata see LAB`: the learner's own lab 05 functions draw with the trained shapes model, beside diffusers.
+"""`kata see LAB`: the learner's own functions of labs 01, 02 and 05 draw with the trained shapes model, beside
+diffusers.
 
-Each test runs `kata see` in a subprocess, as a learner types it, on a temporary course holding lab 05 (and
-lab 01, which has no picture), and reads the PNG back: three rows of six 128×128 tiles (diffusers' samples,
-the learner's, their absolute difference ×4).
+Each test runs `kata see` in a subprocess, as a learner types it, on a temporary course holding labs 01, 02 and
+05 (and lab 03, which has no picture), and reads the PNG back: rows of six 128×128 tiles (diffusers', the
+learner's, their absolute difference ×4), under lab 01's two curve panels.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ TITLE = 14  # write_png's title strip above each row
 
 @pytest.fixture
 def course(tmp_path: Path) -> Path:
-    for lab in (LAB, "01_forward_noise"):
+    for lab in (LAB, "01_forward_noise", "02_denoising_step", "03_scheduler_reading"):
         for folder in ("katas", "solutions", "graders"):
             (tmp_path / folder).mkdir(exist_ok=True)
             shutil.copy(REPO / folder / f"{lab}.py", tmp_path / folder / f"{lab}.py")
@@ -39,22 +40,25 @@ def kata_see(course: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, encoding="utf-8", env=env, timeout=LIMIT)
 
 
-def write_kata(course: Path, old: str, new: str) -> None:
-    """katas/05 = the solution with `old` replaced by `new` (a deliberate bug)."""
-    source = (REPO / "solutions" / f"{LAB}.py").read_text(encoding="utf-8")
+def write_kata(course: Path, old: str, new: str, lab: str = LAB) -> None:
+    """katas/<lab> = the solution with `old` replaced by `new` (a deliberate bug)."""
+    source = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
     assert source.count(old) == 1, old
-    (course / "katas" / f"{LAB}.py").write_text(source.replace(old, new), encoding="utf-8")
+    (course / "katas" / f"{lab}.py").write_text(source.replace(old, new), encoding="utf-8")
 
 
-def rows(png: Path) -> list[np.ndarray]:
-    """The three rows of six tiles, each (128, 6·128, 3) uint8: titles and gaps left out."""
+def rows(png: Path, count: int = 3, top: int = 0) -> list[np.ndarray]:
+    """`count` rows of six tiles starting `top` pixels down, each (128, 6·128, 3) uint8: titles and gaps left out."""
     image = np.asarray(Image.open(png).convert("RGB"))
     cell = 16 * see.SCALE
-    tops = [see.GAP + i * (TITLE + cell + see.GAP) + TITLE for i in range(3)]
+    tops = [top + see.GAP + i * (TITLE + cell + see.GAP) + TITLE for i in range(count)]
     assert image.shape[0] == tops[-1] + cell + see.GAP
     lefts = [see.GAP + i * (cell + see.GAP) for i in range(6)]
-    assert image.shape[1] == lefts[-1] + cell + see.GAP
-    return [np.concatenate([image[top:top + cell, left:left + cell] for left in lefts], axis=1) for top in tops]
+    assert image.shape[1] >= lefts[-1] + cell + see.GAP
+    return [np.concatenate([image[t:t + cell, left:left + cell] for left in lefts], axis=1) for t in tops]
+
+
+PLOTS = see.TITLE_H + see.PLOT_H + 2 * see.GAP + 12  # lab 01's curve panels above its image rows
 
 
 def test_see_with_the_solutions_draws_the_same_shapes_as_diffusers_and_a_black_difference(course):
@@ -100,6 +104,57 @@ def test_see_runs_the_learners_code_in_a_process_of_its_own(course):
 
 
 def test_see_names_the_labs_it_can_draw_for_a_lab_without_a_picture(course):
-    done = kata_see(course, "01")
+    done = kata_see(course, "03")
     assert done.returncode == 3
-    assert "no picture for 01_forward_noise yet" in done.stdout and LAB in done.stdout
+    assert "no picture for 03_scheduler_reading yet" in done.stdout and LAB in done.stdout
+
+
+def test_see_01_draws_the_learners_schedules_and_add_noise_beside_diffusers(course):
+    out = course / "see01.png"
+    done = kata_see(course, "01", "--solutions", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("(the curves coincide)") == 3 and "identical to diffusers, bit for bit" in done.stdout
+    theirs, mine, difference = rows(out, top=PLOTS)
+    assert np.array_equal(theirs, mine) and difference.max() == 0
+    assert (theirs[:, :128].max(axis=2) > 200).mean() > 0.05  # t = 0: the clean shape stands out
+
+
+def test_see_01_shows_a_wrong_schedule_and_a_wrong_add_noise(course):
+    lab = "01_forward_noise"
+    source = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
+    old_noise = "return sqrt_abar * x0 + sqrt_one_minus_abar * noise"
+    old_cumprod = "return torch.cumprod(1.0 - betas, dim=0)"
+    assert source.count(old_noise) == 1 and source.count(old_cumprod) == 1
+    (course / "katas" / f"{lab}.py").write_text(  # ᾱ used for √ᾱ, and ᾱ off by one step
+        source.replace(old_noise, "return sqrt_abar**2 * x0 + sqrt_one_minus_abar * noise")
+              .replace(old_cumprod, "return torch.cumprod(1.0 - betas, dim=0).roll(1)"), encoding="utf-8")
+    done = kata_see(course, "01", "--out", str(course / "see01.png"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(the curves coincide)" not in done.stdout and "max |difference|" in done.stdout
+    _, _, difference = rows(course / "see01.png", top=PLOTS)
+    assert (difference > 64).mean() > 0.01
+
+
+def test_see_02_steps_the_trained_model_with_the_learners_ddim_step(course):
+    out = course / "see02.png"
+    done = kata_see(course, "02", "--solutions", "--out", str(out), "--steps", "10")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "identical to diffusers, bit for bit" in done.stdout
+    theirs, mine, difference, their_x0, my_x0, x0_difference = rows(out, count=6)
+    assert np.array_equal(theirs, mine) and difference.max() == 0 and x0_difference.max() == 0
+    assert "your samples read as:" in done.stdout
+
+
+def test_see_02_shows_a_step_bug_and_a_todo(course):
+    lab = "02_denoising_step"
+    # the direction term without its coefficient: every step lands off diffusers' trajectory
+    write_kata(course, "pred_sample_direction = (1 - alpha_prod_t_prev - std_dev_t**2) ** (0.5) * pred_epsilon",
+               "pred_sample_direction = pred_epsilon", lab)
+    done = kata_see(course, "02", "--out", str(course / "see02.png"), "--steps", "10")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, _, difference, *_ = rows(course / "see02.png", count=6)
+    assert (difference > 64).mean() > 0.01
+    shutil.copy(REPO / "katas" / f"{lab}.py", course / "katas" / f"{lab}.py")
+    done = kata_see(course, "02", "--out", str(course / "todo.png"), "--steps", "10")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "`predict_x0` is still TODO" in done.stdout and not (course / "todo.png").exists()

@@ -4,9 +4,17 @@
 
 (`kata see` runs this in a subprocess: the commands import nothing of the engine.) The learner's code runs
 in a runner process of its own, exactly as in grading (engine/runner.py), with the lab's reference
-functions refused there; the reference pipeline, the comparison and the PNG stay in this process, where
-learner code never ran. The picture has three rows of the same seed and class labels: diffusers' samples,
-the learner's, and their absolute difference (×4, so a difference of ¼ is white).
+functions refused there; the reference, the comparison and the PNG stay in this process, where learner code
+never ran. What each lab draws (PICTURES):
+
+- 01: the learner's ᾱ_t and log-SNR curves of the three β schedules over diffusers' (DDPMScheduler), and one
+  shapes image noised by the learner's add_noise at six timesteps, beside diffusers' and their difference.
+- 02: a DDIM run of the trained model (η = 0) stepped by the learner's ddim_step: diffusers' samples, the
+  learner's and their difference; then one sample's x̂₀ over the steps (diffusers' pred_original_sample and the
+  learner's predict_x0 on the learner's own trajectory) and their difference.
+- 05: the learner's generate() against DDIMPipeline: diffusers' samples, the learner's, their difference.
+
+Differences are drawn ×4, so a difference of ¼ is white.
 
 Exit status: 0 the picture is written; 2 a function it needs is still TODO (it says which); 3 the lab has
 no picture yet; 1 the learner's code failed otherwise (the error is shown) or the picture could not be made.
@@ -31,18 +39,37 @@ PIPELINE_CALLS = ("diffusers.pipelines.ddpm.pipeline_ddpm.DDPMPipeline.__call__"
 
 @dataclass(frozen=True)
 class Picture:
-    """What `kata see` draws for one lab: the learner function it calls and the functions that needs."""
+    """What `kata see` draws for one lab: the learner function it calls (the first of `needs`, for messages),
+    the functions that needs, and what the picture shows."""
 
     function: str
     needs: tuple[str, ...]
     what: str
+    draw: str  # the drawing function of this module
 
 
 PICTURES = {
+    "01_forward_noise": Picture(
+        "add_noise", ("linear_betas", "scaled_linear_betas", "cosine_betas", "alphas_cumprod", "add_noise"),
+        "your β schedules as ᾱ_t and log-SNR curves over DDPMScheduler's, and your add_noise on a shapes image",
+        "draw_schedules"),
+    "02_denoising_step": Picture(
+        "ddim_step", ("predict_x0", "ddim_step"),
+        "your ddim_step driving the trained shapes UNet (η = 0), against DDIMScheduler.step; x̂₀ over the steps",
+        "draw_ddim_steps"),
     "05_sampling_loop": Picture(
         "generate", ("initial_noise", "sampling_loop", "to_image"),
-        "your generate() with DDIMScheduler (η = 0) on the trained shapes UNet, against DDIMPipeline"),
+        "your generate() with DDIMScheduler (η = 0) on the trained shapes UNet, against DDIMPipeline",
+        "draw_generate"),
 }
+
+
+class Stop(Exception):
+    """The picture cannot be made: the exit status and what to print."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,90 +96,279 @@ def main(argv: list[str] | None = None) -> int:
     return draw_lab(course, lab, picture, source, args)
 
 
+class Learner:
+    """The learner's kata file in a runner process of its own: call(function, **inputs) -> its output."""
+
+    def __init__(self, course: Course, lab: str, picture: Picture, source: Path, timeout: float):
+        from diffusion_katas.engine.runner import Runner, RunnerGone
+
+        self.picture, self.source, self.rel = picture, source, course.rel(source)
+        answer_key = tuple(PIPELINE_CALLS)
+        try:
+            answer_key += tuple(path for kata in course.graders_of(lab) for path in kata.answer_key)
+        except Exception:  # noqa: BLE001  (no grader to read: the pipelines alone are refused)
+            pass
+        try:
+            self.runner = Runner(source, f"_learner_{lab}", [], answer_key, picture.function, timeout)
+        except RunnerGone as gone:
+            raise Stop(1, f"importing {self.rel} ended its process ({gone.how})") from None
+        opened = self.runner.open_reply
+        if opened.get("kind") != "ok":
+            self.close()
+            raise Stop(1, f"{self.rel} does not import: {opened.get('type', '')}: {opened.get('message', '')}")
+        self.functions = opened.get("functions", ())
+
+    def call(self, function: str, **inputs):
+        from diffusion_katas.engine.runner import RemoteError, RunnerGone, decode
+
+        if function not in self.functions:
+            raise Stop(1, f"{self.rel} has no function `{function}` (deleted or renamed?)")
+        try:
+            reply = self.runner.call(function, inputs)
+        except RunnerGone as gone:
+            raise Stop(1, f"your {function} did not answer: {gone.how}") from None
+        if reply.get("kind") != "ok":
+            error = RemoteError(reply) if reply.get("kind") == "raised" else None
+            raise Stop(*_failure(error, reply, function, self.picture, self.source, self.rel))
+        return decode(reply.get("output"))
+
+    def close(self) -> None:
+        sys.stdout.write(self.runner.printed[-4000:])
+        self.runner.close()
+
+
 def draw_lab(course: Course, lab: str, picture: Picture, source: Path, args) -> int:
     import torch
-    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
-
-    from diffusion_katas.engine.runner import RemoteError, Runner, RunnerGone, decode
 
     torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))
-    labels = [0, 1, 2] * 2
-    unet, scheduler = shapes.load()
-    reference = shapes.ddim_sample(unet, scheduler.config, labels, args.seed, args.steps)
-    inputs = dict(unet=shapes.with_labels(shapes.load()[0], labels),
-                  scheduler=DDIMScheduler.from_config(scheduler.config), batch_size=len(labels),
-                  num_inference_steps=args.steps, generator=torch.Generator().manual_seed(args.seed), eta=0.0)
-    rel = course.rel(source)
-    print(f"kata see {lab}: {picture.what}; seed {args.seed}, {args.steps} steps, labels "
-          f"{', '.join(shapes.CLASSES[i] for i in labels)}; your code: {rel}")
+    print(f"kata see {lab}: {picture.what}; seed {args.seed}; your code: {course.rel(source)}")
     try:
-        runner = Runner(source, f"_learner_{lab}", [], PIPELINE_CALLS, picture.function, args.timeout)
-    except RunnerGone as gone:
-        print(f"importing {rel} ended its process ({gone.how})")
-        return 1
+        learner = Learner(course, lab, picture, source, args.timeout)
+    except Stop as stop:
+        print(stop)
+        return stop.code
     try:
-        opened = runner.open_reply
-        if opened.get("kind") != "ok":
-            print(f"{rel} does not import: {opened.get('type', '')}: {opened.get('message', '')}")
-            return 1
-        if picture.function not in opened.get("functions", ()):
-            print(f"{rel} has no function `{picture.function}` (deleted or renamed?)")
-            return 1
-        try:
-            reply = runner.call(picture.function, inputs)
-        except RunnerGone as gone:
-            print(f"your {picture.function} did not answer: {gone.how}")
-            return 1
+        blocks, notes = globals()[picture.draw](learner, args)
+    except Stop as stop:
+        print(stop)
+        return stop.code
     finally:
-        sys.stdout.write(runner.printed[-4000:])
-        runner.close()
-    if reply.get("kind") != "ok":
-        return _explain_failure(RemoteError(reply) if reply.get("kind") == "raised" else None, reply, picture,
-                                source, rel)
-    mine = decode(reply.get("output"))
-    if not isinstance(mine, torch.Tensor) or mine.shape != reference.shape:
-        shape = tuple(mine.shape) if isinstance(mine, torch.Tensor) else type(mine).__name__
-        print(f"your {picture.function} returned {shape}; the picture needs a tensor shaped {tuple(reference.shape)}")
-        return 1
-    mine = mine.detach().float().cpu()
-    diff = (mine - reference).abs()
-    write_png(args.out, [reference, mine.clamp(0, 1), (diff * DIFF_GAIN).clamp(0, 1)],
-              ["diffusers DDIMPipeline", f"yours ({picture.function})", f"|yours - diffusers| x{DIFF_GAIN:g}"])
-    worst = diff.flatten(1).max(dim=1).values
+        learner.close()
+    compose_png(args.out, blocks)
     print(f"wrote {args.out}")
-    print("  rows: diffusers' samples; yours from the same seed and labels; their absolute difference "
-          f"(x{DIFF_GAIN:g}, white = 1/{DIFF_GAIN:g} or more)")
-    seen = shapes.classify(mine.clamp(0, 1) * 2 - 1)
-    print("  your samples read as: " + ", ".join(shapes.CLASSES[c] if c is not None else "no clear shape"
-                                                   for c in seen))
-    if torch.equal(mine, reference):
-        print("  identical to diffusers, bit for bit")
-    else:
-        print(f"  max |difference| {float(diff.max()):.3g} (per sample: "
-              + ", ".join(f"{float(w):.2g}" for w in worst) + ")")
+    for line in notes:
+        print("  " + line)
     return 0
 
 
-def _explain_failure(error, reply: dict, picture: Picture, source: Path, rel: str) -> int:
+def _tensor(value, function: str, shape) -> "torch.Tensor":
+    import torch
+
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise Stop(1, f"your {function} returned {got}; the picture needs a tensor shaped {tuple(shape)}")
+    return value.detach().float().cpu()
+
+
+def _compared(reference, mine) -> list[str]:
+    diff = (mine - reference).abs()
+    if diff.numel() and bool(torch_equal(mine, reference)):
+        return ["identical to diffusers, bit for bit"]
+    worst = diff.flatten(1).max(dim=1).values
+    return [f"max |difference| {float(diff.max()):.3g} (per image: " + ", ".join(f"{float(w):.2g}" for w in worst) + ")"]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+# ---- 01: schedules ---------------------------------------------------------------------------------------
+def draw_schedules(learner: Learner, args):
+    import torch
+    from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+
+    T = 1000
+    schedules = [("linear", dict(beta_schedule="linear", beta_start=1e-4, beta_end=0.02),
+                  "linear_betas", dict(beta_start=1e-4, beta_end=0.02, num_train_timesteps=T)),
+                 ("scaled_linear", dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012),
+                  "scaled_linear_betas", dict(beta_start=0.00085, beta_end=0.012, num_train_timesteps=T)),
+                 ("cosine", dict(beta_schedule="squaredcos_cap_v2"), "cosine_betas", dict(num_train_timesteps=T))]
+    abar, series_abar, series_snr, notes = {}, [], [], []
+    for (name, config, function, kwargs), colour in zip(schedules, CURVE_COLOURS):
+        theirs = DDPMScheduler(num_train_timesteps=T, **config).alphas_cumprod.double()
+        betas = _tensor(learner.call(function, **kwargs), function, (T,))
+        mine = _tensor(learner.call("alphas_cumprod", betas=betas), "alphas_cumprod", (T,)).double()
+        abar[name] = theirs
+        for series, f in ((series_abar, lambda a: a), (series_snr, _log_snr)):
+            series += [(f(theirs), colour, f"{name} (diffusers)", False), (f(mine), colour, f"{name} (yours)", True)]
+        worst = float((mine - theirs).abs().max())
+        notes.append(f"{name}: max |your ᾱ − diffusers' ᾱ| {worst:.3g}"
+                     + (" (the curves coincide)" if worst < 1e-5 else ""))
+    # one image of each shape, noised at six timesteps with the trained model's (linear) table
+    g = torch.Generator().manual_seed(args.seed)
+    x0 = shapes.draw([0], g).repeat(6, 1, 1, 1)
+    noise = torch.randn(x0.shape, generator=g)
+    timesteps = torch.tensor([0, 100, 250, 500, 750, 999])
+    table = DDPMScheduler(num_train_timesteps=T, beta_schedule="linear").alphas_cumprod
+    theirs = DDPMScheduler(num_train_timesteps=T, beta_schedule="linear").add_noise(x0, noise, timesteps)
+    mine = _tensor(learner.call("add_noise", x0=x0, noise=noise, alphas_cumprod=table, timesteps=timesteps),
+                   "add_noise", x0.shape)
+    show = [(theirs / 2 + 0.5).clamp(0, 1), (mine / 2 + 0.5).clamp(0, 1)]
+    blocks = [("plots", [("alpha_bar_t over t (solid: diffusers, dotted: yours)", series_abar, (0.0, 1.0)),
+                         ("log SNR = log(alpha_bar / (1 - alpha_bar)) over t", series_snr, (-14.0, 10.0))]),
+              ("images", [*show, ((mine - theirs).abs() / 2 * DIFF_GAIN).clamp(0, 1)],
+               ["DDPMScheduler.add_noise at t = 0, 100, 250, 500, 750, 999", "your add_noise (same x0, noise, table)",
+                f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+    notes = ["curves: ᾱ_t and log SNR of the linear, scaled_linear and cosine schedules (T = 1000); yours dotted "
+             "over diffusers' solid line"] + notes + [
+        "images: one shapes image noised by add_noise with the linear table (the trained model's), the same noise "
+        "at each t: by t = 999 nothing of the shape is left"] + _compared(theirs / 2, mine / 2)
+    return blocks, notes
+
+
+def _log_snr(abar):
+    return (abar / (1 - abar)).log()
+
+
+# ---- 02: DDIM steps --------------------------------------------------------------------------------------
+def draw_ddim_steps(learner: Learner, args):
+    import torch
+    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+
+    labels = [0, 1, 2] * 2
+    unet, scheduler = shapes.load()
+    unet = shapes.with_labels(unet, labels)
+    ddim = DDIMScheduler.from_config(scheduler.config)
+    ddim.set_timesteps(args.steps)
+    config = ddim.config
+    start = torch.randn((len(labels), 3, shapes.SIZE, shapes.SIZE), generator=torch.Generator().manual_seed(args.seed))
+    theirs, mine = start.clone(), start.clone()
+    picks = sorted({round(i * (args.steps - 1) / 5) for i in range(6)})
+    their_x0, my_x0 = [], []
+    with torch.no_grad():
+        for i, t in enumerate(ddim.timesteps):
+            out = ddim.step(unet(theirs, t).sample, t, theirs, eta=0.0)
+            eps = unet(mine, t).sample
+            if i in picks:
+                their_x0.append(out.pred_original_sample[0])
+                my_x0.append(_tensor(learner.call("predict_x0", model_output=eps, sample=mine,
+                                                  alpha_prod_t=ddim.alphas_cumprod[int(t)],
+                                                  prediction_type=config.prediction_type),
+                                     "predict_x0", mine.shape)[0])
+            theirs = out.prev_sample
+            mine = _tensor(learner.call("ddim_step", model_output=eps, timestep=int(t), sample=mine,
+                                        alphas_cumprod=ddim.alphas_cumprod, num_inference_steps=args.steps, eta=0.0,
+                                        prediction_type=config.prediction_type, clip_sample=config.clip_sample,
+                                        set_alpha_to_one=config.set_alpha_to_one, thresholding=config.thresholding),
+                           "ddim_step", mine.shape)
+    image = lambda x: (x / 2 + 0.5).clamp(0, 1)  # noqa: E731  (DDIMPipeline's own postprocessing)
+    ref, yours = image(theirs), image(mine)
+    ref_x0, yours_x0 = image(torch.stack(their_x0)), image(torch.stack(my_x0))
+    steps = ", ".join(str(p + 1) for p in picks)
+    blocks = [("images", [ref, yours, ((yours - ref).abs() * DIFF_GAIN).clamp(0, 1),
+                          ref_x0, yours_x0, ((yours_x0 - ref_x0).abs() * DIFF_GAIN).clamp(0, 1)],
+               ["DDIMScheduler.step, eta 0", "your ddim_step (the same UNet, seed and labels)",
+                f"|yours - diffusers| x{DIFF_GAIN:g}", f"diffusers' x0 prediction of sample 1 at steps {steps}",
+                "your predict_x0 on your own trajectory", f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+    seen = shapes.classify(yours * 2 - 1)
+    notes = ["rows 1-3: the final samples (labels " + ", ".join(shapes.CLASSES[i] for i in labels) + ")",
+             f"rows 4-6: how the x0 prediction of sample 1 sharpens over {args.steps} steps",
+             "your samples read as: " + ", ".join(shapes.CLASSES[c] if c is not None else "no clear shape" for c in seen)]
+    return blocks, notes + _compared(ref, yours)
+
+
+# ---- 05: generate ----------------------------------------------------------------------------------------
+def draw_generate(learner: Learner, args):
+    import torch
+    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+
+    labels = [0, 1, 2] * 2
+    unet, scheduler = shapes.load()
+    reference = shapes.ddim_sample(unet, scheduler.config, labels, args.seed, args.steps)
+    print(f"  {args.steps} steps, labels {', '.join(shapes.CLASSES[i] for i in labels)}")
+    mine = _tensor(learner.call("generate", unet=shapes.with_labels(shapes.load()[0], labels),
+                                scheduler=DDIMScheduler.from_config(scheduler.config), batch_size=len(labels),
+                                num_inference_steps=args.steps, generator=torch.Generator().manual_seed(args.seed),
+                                eta=0.0), "generate", reference.shape)
+    diff = (mine - reference).abs()
+    blocks = [("images", [reference, mine.clamp(0, 1), (diff * DIFF_GAIN).clamp(0, 1)],
+               ["diffusers DDIMPipeline", "yours (generate)", f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+    seen = shapes.classify(mine.clamp(0, 1) * 2 - 1)
+    notes = ["rows: diffusers' samples; yours from the same seed and labels; their absolute difference "
+             f"(x{DIFF_GAIN:g}, white = 1/{DIFF_GAIN:g} or more)",
+             "your samples read as: " + ", ".join(shapes.CLASSES[c] if c is not None else "no clear shape"
+                                                  for c in seen)]
+    return blocks, notes + _compared(reference, mine)
+
+
+def _failure(error, reply: dict, function: str, picture: Picture, source: Path, rel: str) -> tuple[int, str]:
     if error is not None and error.is_a("NotImplementedError"):
         # the innermost frame in the learner's file is the function still to write
         mine = [f for f in error.frames if f and str(f[0]) == str(source)]
-        name = str(mine[-1][2]) if mine else picture.function
+        name = str(mine[-1][2]) if mine else function
         line = f":{mine[-1][1]}" if mine else ""
-        print(f"`{name}` is still TODO ({rel}{line}). The picture draws with your {picture.function}(), which "
-              f"uses {', '.join(picture.needs)}: write them (python -m pytest {rel} grades them), then run "
-              "kata see again.")
-        return 2
+        return 2, (f"`{name}` is still TODO ({rel}{line}). The picture draws with your "
+                   f"{', '.join(picture.needs)}: write them (python -m pytest {rel} grades them), then run kata see "
+                   "again.")
     if error is not None:
         where = "".join(f"\n    {f[0]}:{f[1]} in {f[2]}" for f in error.frames[-3:] if f)
-        print(f"your {picture.function} raised {error.type_name}: {error.message}{where}")
-        return 1
-    print(f"your {picture.function} could not be run ({reply.get('kind')})")
-    return 1
+        return 1, f"your {function} raised {error.type_name}: {error.message}{where}"
+    return 1, f"your {function} could not be run ({reply.get('kind')})"
 
 
-def write_png(path: Path, rows: list, titles: list[str]) -> None:
-    """Rows of (B, 3, H, W) images in [0, 1], each under its title, as one PNG (Pillow, a diffusers dependency)."""
+# ---- drawing ---------------------------------------------------------------------------------------------
+CURVE_COLOURS = ((240, 120, 80), (90, 180, 240), (150, 220, 100))
+PLOT_W, PLOT_H, TITLE_H = 420, 220, 14
+
+
+def compose_png(path: Path, blocks: list) -> None:
+    """One PNG of blocks, top to bottom: ("images", rows, titles) as write_png draws them, ("plots", panels)
+    side by side, each panel (title, [(values, colour, label, dotted), ...], (ymin, ymax))."""
+    from PIL import Image
+
+    parts = []
+    for block in blocks:
+        parts.append(_image_rows(*block[1:]) if block[0] == "images" else _plots(block[1]))
+    width = max(p.width for p in parts)
+    canvas = Image.new("RGB", (width, sum(p.height for p in parts)), (40, 40, 40))
+    y = 0
+    for part in parts:
+        canvas.paste(part, (0, y))
+        y += part.height
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path, format="PNG")
+
+
+def _plots(panels):
+    from PIL import Image, ImageDraw
+
+    canvas = Image.new("RGB", (GAP + len(panels) * (PLOT_W + GAP), TITLE_H + PLOT_H + 2 * GAP + 12), (40, 40, 40))
+    draw = ImageDraw.Draw(canvas)
+    for i, (title, series, (lo, hi)) in enumerate(panels):
+        x0, y0 = GAP + i * (PLOT_W + GAP), GAP + TITLE_H
+        draw.text((x0, GAP), title, fill=(230, 230, 230))
+        draw.rectangle([x0, y0, x0 + PLOT_W, y0 + PLOT_H], outline=(120, 120, 120), fill=(25, 25, 25))
+        draw.text((x0 + 2, y0 + PLOT_H + 1), "t = 0", fill=(160, 160, 160))
+        draw.text((x0 + PLOT_W - 48, y0 + PLOT_H + 1), f"t = {len(series[0][0]) - 1}", fill=(160, 160, 160))
+        draw.text((x0 + 2, y0 + 1), f"{hi:g}", fill=(160, 160, 160))
+        draw.text((x0 + 2, y0 + PLOT_H - 12), f"{lo:g}", fill=(160, 160, 160))
+        for values, colour, _, dotted in series:
+            n = len(values)
+            points = [(x0 + PLOT_W * k / max(n - 1, 1),
+                       y0 + PLOT_H * (1 - (min(max(float(v), lo), hi) - lo) / (hi - lo)))
+                      for k, v in enumerate(values.tolist()) if v == v]  # NaN left out
+            if dotted:
+                for k in range(0, len(points), 12):
+                    draw.line(points[k:k + 6], fill=tuple(min(255, c + 15) for c in colour), width=3)
+            else:
+                draw.line(points, fill=tuple(c // 2 for c in colour), width=6)
+    return canvas
+
+
+def _image_rows(rows, titles):
+    """Rows of (B, 3, H, W) images in [0, 1], each under its title."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -172,9 +388,12 @@ def write_png(path: Path, rows: list, titles: list[str]) -> None:
             tile = Image.fromarray(pixels, "RGB").resize((cell_w, cell_h), Image.NEAREST)
             canvas.paste(tile, (GAP + i * (cell_w + GAP), y))
         y += cell_h + GAP
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path, format="PNG")
+    return canvas
 
+
+def write_png(path: Path, rows: list, titles: list[str]) -> None:
+    """Rows of (B, 3, H, W) images in [0, 1], each under its title, as one PNG (Pillow, a diffusers dependency)."""
+    compose_png(path, [("images", rows, titles)])
 
 if __name__ == "__main__":
     sys.exit(main())
