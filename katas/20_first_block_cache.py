@@ -124,9 +124,9 @@ def first_block_cache_step(blocks, hidden_states: torch.Tensor, encoder_hidden_s
             tail_residuals: (last block's hidden_states − first block's, the same for encoder_hidden_states)
             should_compute: whether that previous call ran every block (not used to decide)
         threshold:             skip when δ ≤ threshold.
-    Returns: (hidden_states, encoder_hidden_states, new cache). The new cache is a new dict: a computed step
-        fills every key from this step; a skipped one keeps the three tensor entries of `cache` and sets
-        should_compute False. `cache` itself is left unchanged.
+    Returns: (hidden_states, encoder_hidden_states, new cache): a computed step fills every key from this step;
+        a skipped one keeps the three tensor entries of `cache` and sets should_compute False. Build a new
+        dict rather than changing `cache` (the caller may still hold the old one).
     """
     # TODO: first block; δ against the cached residual; all blocks and a fresh cache, or the cached tail
     raise NotImplementedError

@@ -62,6 +62,9 @@ MUTANTS = [
     ("first_block_cache_step",  # the test turned around: skips where diffusers runs every block, and the reverse
      step_body(decide="cache is None or residual_change(r, cache['head_residual']) < threshold"),
      Fails("wrong", "")),
+    ("first_block_cache_step",  # ≥ for >: an unchanged call at threshold 0 runs every block where diffusers skips
+     step_body(decide="cache is None or residual_change(r, cache['head_residual']) >= threshold"),
+     Fails("wrong", "")),
     ("first_block_cache_step",  # the head output cached as the residual
      step_body(head="hid1"), Fails("wrong", "")),
     ("first_block_cache_step",  # the cache handed back as it came in after a skip: should_compute left True

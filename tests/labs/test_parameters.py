@@ -167,6 +167,9 @@ _IP_SHAPE = ("(no diffusers config, so kind() sees only its class): the heads, h
 fixed("18_text_and_image_prompts", "ip_adapter_attention", "vs IPAdapterAttnProcessor2_0",
       attn="an Attention module " + _IP_SHAPE, to_k_ip="the adapters' key Linears " + _IP_SHAPE,
       to_v_ip="the adapters' value Linears " + _IP_SHAPE)
+fixed("20_first_block_cache", "first_block_cache_step",
+      "an unchanged call at threshold 0 (δ = 0 is not > 0: diffusers skips)",
+      threshold="the check pins the one case where > and ≥ differ: δ = 0 exactly, at threshold 0")
 fixed("21_serving_batcher", "serve", "vs each request alone through StableDiffusionPipeline",
       unet="the tiny UNet of the pipeline (a DenoiserProbe around it): " + MODEL)
 
