@@ -17,6 +17,7 @@ the rotated q/k back to their dtype, and casts CFG-Zero*'s α to the predictions
 """
 import copy
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
@@ -422,6 +423,7 @@ APG_CASES = [
     dict(shape=(3, 4, 8, 8), dtype="float32", guidance_scale=7.5, eta=0.5, norm_threshold=30.0),
     dict(shape=(4, 16, 4, 4), dtype="float32", guidance_scale=3.0, eta=1.0, norm_threshold=0.0),  # no rescale
     dict(shape=(2, 4, 8, 8), dtype="float16", guidance_scale=4.0, eta=0.3, norm_threshold=20.0),
+    dict(shape=(2, 4, 8, 8), dtype="float32", guidance_scale=1.0, eta=0.5, norm_threshold=15.0),  # the guider is off
 ]
 
 
@@ -434,7 +436,10 @@ def _predictions(case, g):
     return c.to(dtype), u.to(dtype)
 
 
-def _apg(c, u, s, eta, r, *, onto="cond", batch_norm=False, no_rescale=False, eta_on="parallel", start="uncond"):
+def _apg(c, u, s, eta, r, *, onto="cond", batch_norm=False, no_rescale=False, eta_on="parallel", start="uncond",
+         off_at_one=True):
+    if off_at_one and math.isclose(s, 1.0):
+        return c
     dims = list(range(0 if batch_norm else 1, c.dim()))
     d = c.double() - u.double()
     if r > 0 and not no_rescale:
@@ -455,7 +460,8 @@ def _(case, g):
                                            adaptive_projected_guidance_rescale=case["norm_threshold"])
     guider.set_state(step=0, num_inference_steps=10, timestep=torch.tensor(999))
     expected = guider.forward(c.clone(), u.clone()).pred
-    exact = _apg(c.double(), u.double(), case["guidance_scale"], case["eta"], case["norm_threshold"])
+    exact = (c.double() if math.isclose(case["guidance_scale"], 1.0) else
+             _apg(c.double(), u.double(), case["guidance_scale"], case["eta"], case["norm_threshold"]))
     return Scenario(inputs=dict(pred_cond=c, pred_uncond=u, guidance_scale=case["guidance_scale"], eta=case["eta"],
                                 norm_threshold=case["norm_threshold"]),
                     expected=expected, exact=exact,
@@ -483,6 +489,9 @@ _apg_trap("APG norm threshold ignored",
 _apg_trap("η applied to the orthogonal part",
           "η damps the PARALLEL part: update = Δ⊥ + η·Δ∥ (η = 0 drops it, η = 1 is plain CFG's Δ).",
           eta_on="orthogonal")
+_apg_trap("APG applied at s = 1 (the guider switches itself off there)",
+          "AdaptiveProjectedGuidance treats guidance_scale ≈ 1 as 'no guidance' and returns pred_cond as it is "
+          "(math.isclose(s, 1.0)); the formula would still move it by the clamped, η-damped Δ.", off_at_one=False)
 _apg_trap("guided from the conditional prediction",
           "Guidance starts from the unconditional prediction: pred = u + s·update (diffusers' default formulation).",
           start="cond")

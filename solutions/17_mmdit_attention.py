@@ -44,7 +44,8 @@ Traps:
       (x[0::2], x[1::2]), cos/sin repeated as [c, c] instead of c0 c0 c1 c1, ω = θ^(−j/d) for θ^(−2j/d).
     - Position ids as (col, row): the image is transposed for the model (only visible when rows ≠ cols).
     - APG projects the difference onto the *conditional* prediction, not the unconditional one or the
-      difference itself; η scales the parallel part, not the orthogonal one.
+      difference itself; η scales the parallel part, not the orthogonal one; and at s = 1 the guider is
+      off: it returns the conditional prediction as it is.
     - CFG-Zero*'s α is one number *per sample*, not one for the batch; ‖u‖² in the denominator, not ‖c‖².
 
 Precision:
@@ -69,6 +70,8 @@ apply_rotary_emb + scaled_dot_product_attention (Flux's attention), AdaptiveProj
 ClassifierFreeZeroStarGuidance from diffusers.guiders, on fresh seeded inputs.
 Run: python -m pytest katas/17_mmdit_attention.py
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -218,12 +221,15 @@ def apg_guidance(pred_cond: torch.Tensor, pred_uncond: torch.Tensor, guidance_sc
     adaptive_projected_guidance_rescale=r).forward(pred_cond, pred_uncond).pred (no momentum)
     Args:
         pred_cond, pred_uncond: (B, C, H, W) the two predictions, float32 or float16
-        guidance_scale:         s (≠ 1: at s = 1 the guider returns pred_cond untouched)
+        guidance_scale:         s; at s = 1 (math.isclose) the guider switches itself off and returns pred_cond
         eta:                    η, the weight of the parallel part
         norm_threshold:         r, the largest ‖Δ‖ allowed per sample (0: no rescale)
     Returns: (B, C, H, W), dtype of pred_cond.
     """
     # BEGIN SOLUTION: per-sample rescale of c − u, project it onto c (in float64), recombine with η, add s· to u
+    # 0. s = 1 is "no guidance" for the guider: it hands back the conditional prediction as it is.
+    if math.isclose(guidance_scale, 1.0):
+        return pred_cond
     dims = list(range(1, pred_cond.dim()))  # every axis but the batch
     diff = pred_cond.double() - pred_uncond.double()
     # 1. Clamp each sample's ‖Δ‖ to r.

@@ -75,9 +75,11 @@ def rotary_body(pairs="x.float().unflatten(-1, (-1, 2)).unbind(-1)",
 def apg_body(diff="pred_cond.double() - pred_uncond.double()", dims="list(range(1, pred_cond.dim()))",
              clamp="torch.clamp(norm_threshold / torch.linalg.vector_norm(d, dim=dims, keepdim=True), max=1.0)",
              onto="pred_cond.double()", update="orth + eta * par", start="pred_uncond.double()",
-             cast=".to(pred_cond.dtype)") -> str:
+             cast=".to(pred_cond.dtype)", off="abs(guidance_scale - 1.0) < 1e-9") -> str:
     """A body for apg_guidance with one line swapped for a wrong one."""
     return f"""
+    if {off}:
+        return pred_cond
     dims = {dims}
     d = {diff}
     if norm_threshold > 0:
@@ -158,6 +160,7 @@ MUTANTS = [
     ("apg_guidance", apg_body(clamp="1.0"), "APG norm threshold ignored"),
     ("apg_guidance", apg_body(update="eta * orth + par"), "η applied to the orthogonal part"),
     ("apg_guidance", apg_body(start="pred_cond.double()"), "guided from the conditional prediction"),
+    ("apg_guidance", apg_body(off="False"), "APG applied at s = 1 (the guider switches itself off there)"),
     ("apg_guidance",  # the clamp as a scale (always r/‖Δ‖, never min(1, ·))
      apg_body(clamp="norm_threshold / torch.linalg.vector_norm(d, dim=dims, keepdim=True)"),
      Fails("wrong", "values differ")),
