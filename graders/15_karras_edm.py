@@ -202,10 +202,12 @@ sigma_to_t = Kata(
 )
 
 # The Euler ladder's cases, plus custom σs drawn in and out of the table.
+# The first has σs below the table and none above it, so an index j left unclamped is named by its trap there,
+# before it crashes (index T) on the second's σs above the table.
 CUSTOM_SIGMA_CASES = [
+    dict(size=20, betas="squaredcos_cap_v2", low=0.8, high=0.5),
     dict(size=12, betas="scaled_linear", low=0.5, high=2.0),  # ×½ below σ_0 to ×2 above σ_{T−1}
     dict(size=7, betas="linear", low=1.0, high=1.0),
-    dict(size=20, betas="squaredcos_cap_v2", low=0.8, high=0.5),
     dict(size=9, betas="scaled_linear", T=300, low=1.0, high=1.5),
 ]
 
@@ -235,6 +237,7 @@ def _(case, g):
     s = euler(case)
     table = table_sigmas(s)
     sigmas = log_uniform(case["size"], float(table[0]) * case["low"], float(table[-1]) * case["high"], g)
+    sigmas[:2] = torch.tensor([float(table[0]) * case["low"], float(table[-1]) * case["high"]])  # both ends, always
     sigmas = sigmas.sort(descending=True).values
     with quiet_diffusers():
         s.set_timesteps(sigmas=sigmas.tolist() + [0.0])
@@ -279,6 +282,16 @@ def _(sigmas, train_sigmas):
                  hint="A σ above the table's largest is fed t = T − 1, one below its smallest t = 0: clamp w to [0, 1].")
 def _(sigmas, train_sigmas):
     return _interp(sigmas.log(), train_sigmas.log(), clamp=False).float()
+
+
+@sigma_to_t.trap("the index j never clamped: a σ below the table reads entry −1 (Python wraps to the table's far end)",
+                 hint="searchsorted − 1 is −1 for a σ below the table's first entry, and t[−1] is the LAST entry in "
+                      "Python: keep j in [0, T − 2] (so j + 1 exists too; a σ above the table would index T) and "
+                      "clamp w to [0, 1].")
+def _(sigmas, train_sigmas):
+    x, xp = sigmas.double().log(), train_sigmas.double().log()
+    j = torch.searchsorted(xp, x, right=True) - 1
+    return (j + (x - xp[j]) / (xp[j + 1] - xp[j])).float()  # raises (index T) where a σ is above the table
 
 
 @sigma_to_t.trap("EDM's c_noise = ¼·ln σ fed as the timestep",

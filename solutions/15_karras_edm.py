@@ -33,7 +33,7 @@ Mental model:
           x = sigmas[0] · randn(shape)                            # x = σ_0·ε
           for i in range(n):
               x_in, c_noise = edm_model_inputs(x, sigmas[i].expand(B), σ_data)
-              F = net(x_in, c_noise)                              # one network call per step
+              F = net(x_in, c_noise[0])                           # one network call per step
               x = edm_euler_step(F, x, sigmas[i], sigmas[i + 1], σ_data, prediction_type)
     - With σ_data = 1, the preconditioning is lab 03's Euler: c_in = 1/√(σ² + 1) is its
       scale_model_input, and the v_prediction x̂₀ = x/(σ² + 1) − σ/√(σ² + 1)·v is its v formula.
@@ -46,6 +46,8 @@ Traps:
     - The ramp is i/(n − 1) (linspace(0, 1, n)), so σ_min is the last nonzero σ; i/n never reaches it.
     - σ → t is interpolated in log σ. Linear interpolation in σ, rounding to an integer timestep, or
       reading the table in the wrong direction (σ_t grows with t) all feed the model the wrong noise level.
+      Outside the table t is clamped to 0 or T − 1: an index j left at −1 reads the table's last entry
+      (Python wraps negative indices), and one at T − 1 has no entry T above it.
     - c_in = 1/σ or 1/√(σ² + 1) forgets σ_data; c_noise = σ or ln σ is not what an EDM model was trained
       to read (¼·ln σ).
     - c_skip and c_out swapped: at large σ the skip weight must vanish (the input is almost pure noise)

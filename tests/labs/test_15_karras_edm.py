@@ -87,6 +87,8 @@ MUTANTS = [
     ("sigma_to_t", t_body(t="len(lt) - 1 - (j + w)"), "table read backwards"),
     ("sigma_to_t", t_body(w="(ls - lt[j]) / (lt[j + 1] - lt[j])"), "not clamped"),
     ("sigma_to_t", t_body(t="0.25 * ls"), "EDM's c_noise = ¼·ln σ fed as the timestep"),
+    ("sigma_to_t", t_body(low="torch.searchsorted(lt, ls, right=True) - 1", w="(ls - lt[j]) / (lt[j + 1] - lt[j])"),
+     "the index j never clamped"),
     ("sigma_to_t",  # the entry above instead of below: the interpolation runs one index high
      t_body(t="j + 1 + w"), Fails("wrong", "values differ")),
     ("sigma_to_t",  # the log σ table's own index scaled to [0, 1] (t/T, as flow matching's σ)
