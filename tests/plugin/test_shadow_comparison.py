@@ -28,9 +28,11 @@ def test_a_wrong_answer_says_its_error_diffusers_error_and_the_allowance():
     problem = mismatch(torch.tensor([1.0, 2.0 + 2**-7]), diffusers, TIGHT, exact=exact)
     assert "values differ: worst element at index (1,)" in problem
     assert "exact    2 (the same math in float64 on the same inputs)" in problem
-    assert "your error vs exact math 0.0078125;" in problem
-    assert "diffusers' error vs exact math 0.000976562;" in problem
-    assert "allowed 0.00195" in problem and "= 2 × diffusers' error + 2 float32 ulps" in problem
+    assert "2. |yours − exact| 0.0078125, allowed" in problem
+    assert "diffusers' own |diffusers − exact| (0.000976562)" in problem
+    assert "within either allowance" in problem  # two allowances, each named with its own number
+    assert "allowed 0.00195" in problem and "= 2 × diffusers' own |diffusers − exact|" in problem
+    assert "+ 2 float32 ulps" in problem
     assert "tolerance: atol=1e-06, rtol=0: toy tolerance for tests" in problem
     assert "or, against exact float64 math: at most 2× diffusers' own error + 2 float32 ulps from it" in problem
 
@@ -56,7 +58,7 @@ def test_nan_is_never_accepted_by_the_shadow():
 def test_a_python_float_answer_is_judged_against_its_shadow_too():
     assert mismatch(3.0, 3.001, TIGHT, exact=3.0) is None
     problem = mismatch(3.1, 3.001, TIGHT, exact=3.0)
-    assert "your error vs exact math 0.1" in problem and "diffusers' error vs exact math 0.001" in problem
+    assert "|yours − exact| 0.1, allowed" in problem and "diffusers' own |diffusers − exact| (0.001)" in problem
 
 
 def test_containers_carry_their_shadows_item_by_item():

@@ -101,8 +101,8 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
                 allowed = rule.factor * theirs + rule.ulps * 2.0**-23 * abs(exact)
                 if yours <= allowed:
                     return None
-                shadow = (f"\n  your error vs exact math {_fmt(yours)}; diffusers' error vs exact math "
-                          f"{_fmt(theirs)}; allowed {_fmt(allowed)} = {rule.factor:g} × diffusers' error "
+                shadow = (f"\n  nor within the second allowance: |yours − exact| {_fmt(yours)}, allowed {_fmt(allowed)} "
+                          f"= {rule.factor:g} × diffusers' own |diffusers − exact| ({_fmt(theirs)}) "
                           f"+ {rule.ulps:g} float32 ulps\n  {rule.describe('float32')}")
             return (f"{where} is {_fmt(actual)}; expected {_fmt(expected)} "
                     f"(|diff| {_fmt(abs(actual - expected))}; tolerance {tol.describe()})" + shadow)
@@ -186,11 +186,13 @@ def _tensor_mismatch(actual: Any, expected, tol: Tol, where: str, exact=None,
         f"    expected {_fmt(e[idx].item())} (diffusers)\n"
         f"    yours    {_fmt(a[idx].item())}\n"
         f"    exact    {_fmt(x[idx].item())} (the same math in float64 on the same inputs)\n"
-        f"    |diff|   {_fmt(diff[idx].item())}, allowed {_fmt(allowed[idx].item())}\n"
-        f"    your error vs exact math {_fmt(yours[idx].item())}; diffusers' error vs exact math "
-        f"{_fmt(theirs[idx].item())}; allowed {_fmt(max(shadow_allowed[idx].item(), 0.0))} "
-        f"= {rule.factor:g} × diffusers' error + {rule.ulps:g} {dtype} ulps\n"
-        f"  {n_bad} of {n} elements ({100 * n_bad / n:.1f}%) are outside both allowances\n"
+        f"    1. |yours − diffusers| {_fmt(diff[idx].item())}, allowed {_fmt(allowed[idx].item())} "
+        f"(the tolerance below)\n"
+        f"    2. |yours − exact| {_fmt(yours[idx].item())}, allowed {_fmt(max(shadow_allowed[idx].item(), 0.0))} "
+        f"= {rule.factor:g} × diffusers' own |diffusers − exact| ({_fmt(theirs[idx].item())}) + {rule.ulps:g} "
+        f"{dtype} ulps\n"
+        f"  an element passes when it is within either allowance: {n_bad} of {n} elements "
+        f"({100 * n_bad / n:.1f}%) are outside both\n"
         f"  tolerance: {tol.describe()}\n"
         f"  {rule.describe(dtype)}"
     )
