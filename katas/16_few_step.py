@@ -55,7 +55,9 @@ Precision:
     floats, the LCM step in the model output's dtype (0-dim float32 ᾱ times float16 tensors stays
     float16) with the noise drawn in that dtype, and the Euler σ table in float32, interpolated in
     float64 and cast back. Computing the step in float32 for float16 inputs and casting once is right;
-    the noise must be drawn in the model output's dtype, from the generator.
+    the noise must come from the generator. diffusers draws it in the output's dtype; from a CPU
+    generator that gives the same values as drawing float32 and casting (checked: bit for bit), from a
+    CUDA one it need not, so draw in the output's dtype to be safe everywhere.
 
 Say it out loud:
     "An LCM jumps from any noisy latent to the clean one: f = c_skip·x + c_out·x̂₀, with c_skip =
@@ -144,7 +146,7 @@ def lcm_step(
 
         x̂₀       = (x − √(1 − ᾱ_t)·ε)/√ᾱ_t  |  √ᾱ_t·x − √(1 − ᾱ_t)·v  |  the output itself ("sample")
         denoised = c_skip(t)·x + c_out(t)·x̂₀                     (boundary_scalings)
-        prev     = √ᾱ_next·denoised + √(1 − ᾱ_next)·z,  z ~ N(0, I) from generator, in the output's dtype
+        prev     = √ᾱ_next·denoised + √(1 − ᾱ_next)·z,  z ~ N(0, I) from generator (diffusers: in the output's dtype)
     where t_next is the entry after t in `timesteps`. At the last entry prev = denoised, and nothing is
     drawn from the generator.
 
