@@ -483,7 +483,8 @@ def _(case, g):
 
 
 def wrong_loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, guidance_scale, num_inference_steps,
-               generator, *, always_guide=False, never_guide=False, no_init_sigma=False, no_scale_input=False):
+               generator, *, always_guide=False, never_guide=False, no_init_sigma=False, no_scale_input=False,
+               no_generator=False):
     """The loop with one misconception switched on (each trap below names one)."""
     guide = (guidance_scale > 1 or always_guide) and not never_guide
     with quiet_diffusers():
@@ -499,7 +500,7 @@ def wrong_loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, 
             if guide:
                 u, c = eps.chunk(2)
                 eps = u + guidance_scale * (c - u)
-            x = scheduler.step(eps, t, x, generator=generator).prev_sample
+            x = scheduler.step(eps, t, x, generator=None if no_generator else generator).prev_sample
     return x
 
 
@@ -521,6 +522,10 @@ _loop_trap("guidance never applied (the text prediction alone at guidance_scale 
 _loop_trap("initial latents not scaled by init_noise_sigma",
            "The pipeline starts from latents·scheduler.init_noise_sigma: σ_max = 14.6 for SD-Turbo's Euler "
            "(trailing), 1 for LCM.", no_init_sigma=True)
+_loop_trap("generator not passed to scheduler.step (LCM re-noises from the global RNG)",
+           "LCMScheduler.step draws the noise it re-noises with between steps: pass generator=generator, as the "
+           "pipeline does, or the draws come from torch's global RNG and no seed reproduces the image.",
+           no_generator=True)
 _loop_trap("UNet input not scaled (scale_model_input skipped)",
            "Euler feeds the UNet x/√(σ² + 1): call scheduler.scale_model_input(x, t) on every UNet input (LCM's "
            "returns x unchanged, so use it always).", no_scale_input=True)

@@ -146,7 +146,7 @@ MUTANTS = [
     ("few_step_sample", loop_body(start="latents"), "initial latents not scaled by init_noise_sigma"),
     ("few_step_sample", loop_body(x_in="torch.cat([x, x]) if guide else x"), "UNet input not scaled"),
     ("few_step_sample",  # the step's noise from the global RNG (LCM re-noises with it)
-     loop_body(step="scheduler.step(noise_pred, t, x).prev_sample"), Fails("wrong", "")),
+     loop_body(step="scheduler.step(noise_pred, t, x).prev_sample"), "generator not passed to scheduler.step"),
     ("few_step_sample",  # the loop index where the timestep belongs
      loop_body(call="unet(x_in, i, encoder_hidden_states=text).sample"), Fails("wrong", "values differ")),
 ]

@@ -236,7 +236,9 @@ def first_divergence(probe: TrajectoryProbe, steps: list[Step], rtol: float = 1e
             if ratio.numel() and float(ratio.std(unbiased=False)) <= 1e-3 * float(ratio.abs().mean()) \
                     and abs(float(ratio.mean()) - 1) > 1e-3:
                 what += (f"; yours is {float(ratio.mean()):.4g}× the pipeline's everywhere: a missing or extra "
-                         "scaling of the input (scheduler.scale_model_input divides by √(σ² + 1))")
+                         + ("scale: of the initial noise (prepare_latents multiplies it by init_noise_sigma) or of "
+                            "the input (scheduler.scale_model_input divides by √(σ² + 1))" if k == 0 else
+                            "scaling of the input (scheduler.scale_model_input divides by √(σ² + 1))"))
             if k == 0:
                 return what + " — already at the first call: x_T, or how it is scaled for the denoiser"
             return what + (f" — while step {k} agreed on t, input and output: the update after step {k} "
