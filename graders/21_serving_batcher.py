@@ -222,14 +222,21 @@ serve = Kata(
 )
 
 
-def expected_batches(requests) -> list[int]:
-    """The rows of each denoiser call under the docstring's rules (join at arrival, leave when done or cancelled)."""
+def expected_batches(requests, max_rows=None) -> list[int]:
+    """The rows of each denoiser call under the docstring's rules: cancelled requests leave first; arrived ones
+    join in list order while their rows fit under max_rows (no overtaking); finished ones leave after their step."""
     pending, active, sizes, tick = list(requests), [], [], 0
+    rows = lambda r: 2 if r["guidance_scale"] > 1 else 1  # noqa: E731
     while pending or active:
+        active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
+        pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
+        used = sum(rows(a[0]) for a in active)
         for r in [r for r in pending if r["arrival"] <= tick]:
+            if max_rows is not None and used + rows(r) > max_rows:
+                break
+            used += rows(r)
             pending.remove(r)
             active.append([r, 0])
-        active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
         if active:
             sizes.append(sum(2 if a[0]["guidance_scale"] > 1 else 1 for a in active))
             for a in active:
@@ -242,23 +249,30 @@ def expected_batches(requests) -> list[int]:
 SERVE_CASES = [
     dict(scheduler="ddim", specs=((7.5, 5, 0, None), (1.0, 3, 1, None), (3.0, 6, 2, None), (5.0, 4, 0, 2)),
          latent_shape=(4, 8, 8)),
+    # memory pressure: 4 rows hold two CFG requests; the rest queue in list order; r1's cancellation frees its
+    # rows at tick 2; at tick 3 r5 (one row) would fit but waits behind r4 (two rows): no overtaking
+    dict(scheduler="ddim", specs=((3.0, 3, 0, None), (5.0, 4, 0, 2), (1.0, 2, 0, None), (2.0, 2, 1, None),
+                                  (4.0, 3, 1, None), (1.0, 3, 2, None)), latent_shape=(4, 8, 8), max_rows=4),
     dict(scheduler="euler", specs=((4.0, 4, 0, None), (1.0, 5, 0, None), (6.0, 3, 7, None)), latent_shape=(4, 8, 12)),
     dict(scheduler="ddim", specs=((2.5, 3, 0, None), (3.0, 4, 1, 0)), latent_shape=(4, 4, 4)),
 ]
 
 
-def _verify_batches(probe, requests, expected):
+def _verify_batches(probe, requests, expected, max_rows):
     def verify(out):
         from diffusion_katas.engine.comparison import mismatch
 
         if mismatch(out, expected, SERVED_LATENTS):  # wrong latents: that failure (and its trap) speaks first
             return
-        want = expected_batches(requests)
+        want = expected_batches(requests, max_rows)
         if probe.batch_sizes != want:
+            limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in list order while they fit, "
+                     "none overtaking one that waits" if max_rows is not None else "")
             raise KataFailure(
                 f"  the denoiser's batches had {probe.batch_sizes} rows, call by call; the requests' rules give {want} "
                 f"(one call per tick with any active request; 2 rows for a request with CFG, 1 without; a request "
-                f"joins at the first tick ≥ its arrival and leaves after its last step or at its cancel_at tick)")
+                f"leaves at its cancel_at tick, before that tick's batch, or after its last step; it joins at the "
+                f"first tick ≥ its arrival{limit})")
     return verify
 
 
@@ -268,24 +282,32 @@ def _(case, g):
     requests = make_requests(case["specs"], g)
     expected = {r["id"]: solo(pipe, r, case["latent_shape"]) for r in requests if r["cancel_at"] is None}
     probe = DenoiserProbe(pipe.unet)
+    max_rows = case.get("max_rows")
     return Scenario(inputs=dict(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests,
-                                latent_shape=case["latent_shape"]),
-                    expected=expected, verify=_verify_batches(probe, requests, expected),
-                    label=f"{case['scheduler']}: {_describe(requests)}")
+                                latent_shape=case["latent_shape"], max_rows=max_rows),
+                    expected=expected, verify=_verify_batches(probe, requests, expected, max_rows),
+                    label=f"{case['scheduler']}" + (f", max_rows {max_rows}" if max_rows else "")
+                          + f": {_describe(requests)}")
 
 
-def _serve(unet, scheduler, requests, latent_shape, *, shared_scheduler=False, shared_generator=False,
+def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_scheduler=False, shared_generator=False,
            unscaled=False):
     pending, active, finished, tick = list(requests), [], {}, 0
     generator = torch.Generator().manual_seed(requests[0]["seed"]) if shared_generator else None
     while pending or active:
+        active = [a for a in active if a["r"]["cancel_at"] is None or a["r"]["cancel_at"] > tick]
+        pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
+        used = sum(2 if a["r"]["guidance_scale"] > 1 else 1 for a in active)
         for r in [r for r in pending if r["arrival"] <= tick]:
+            need = 2 if r["guidance_scale"] > 1 else 1
+            if max_rows is not None and used + need > max_rows:
+                break
+            used += need
             pending.remove(r)
             own = scheduler if shared_scheduler else copy.deepcopy(scheduler)
             own.set_timesteps(r["num_inference_steps"])
             x = torch.randn((1, *latent_shape), generator=generator or torch.Generator().manual_seed(r["seed"]))
             active.append({"r": r, "s": own, "x": x if unscaled else x * own.init_noise_sigma, "k": 0})
-        active = [a for a in active if a["r"]["cancel_at"] is None or a["r"]["cancel_at"] > tick]
         if active:
             entries = []
             for a in active:
@@ -335,7 +357,8 @@ def _(learner, g):
     specs = ((6.0, 6, 0, None), (1.0, 4, 0, None), (3.0, 5, 1, 3), (2.0, 3, 2, None), (4.5, 2, 4, None))
     requests = make_requests(specs, g)
     probe = DenoiserProbe(pipe.unet)
-    learner(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests, latent_shape=(4, 8, 8))
+    learner(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests, latent_shape=(4, 8, 8),
+            max_rows=None)
     want = expected_batches(requests)
     return [Measurement(f"denoiser calls serving {len(requests)} requests", probe.calls, len(want), "calls",
                         f"one batched call per tick with work ({len(want)} ticks), never one per request"),

@@ -25,6 +25,11 @@ Mental model:
       requests that took their last step leave with their latents.
     - Cost: the denoiser runs once per tick with work to do, on as many rows as the active requests
       need, and never on a request that is gone.
+    - Memory: a request holds its rows in every call it is part of (the denoiser's activations grow
+      with the rows), so a server caps a call at max_rows. Arrived requests join in order while they fit;
+      one that does not fit waits, and the ones behind it wait too (overtaking would starve a large
+      request); a cancellation frees its rows at once. Queueing, not failure, is the answer to memory
+      pressure, and a request's latents do not depend on when it ran.
 
 Traps:
     - One scheduler shared by every request: set_timesteps for one resets the others' timesteps and
@@ -39,6 +44,9 @@ Traps:
       seed, or it would not reproduce its solo run.
     - Keeping a cancelled request in the batch to the end: its result is thrown away, its rows are paid
       for at every step. The budget counts the rows.
+    - Counting max_rows in requests: a CFG request takes two rows, so the batch overflows; and letting a
+      small request overtake one that waits: the big one may never run. The check compares the batches
+      the denoiser saw, call by call, with these rules.
 
 Precision:
     The course's one policy (lab 01 states it): compute as wide as you like. A batched UNet call rounds a
@@ -130,14 +138,19 @@ def split_guided(noise_pred: torch.Tensor, layout: list[tuple[int, int]],
     # END SOLUTION
 
 
-def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, int],
+          max_rows: int | None = None) -> dict[str, torch.Tensor]:
     """Serve every request with one denoiser call per tick, requests joining and leaving between ticks.
 
-    Tick k = 0, 1, 2, ...: admit the requests with arrival ≤ k (in list order); drop the active requests
-    with cancel_at ≤ k (they get no result); if any request is active, pack every active request (in
-    admission order), call unet(sample, timesteps, encoder_hidden_states=...).sample once, split, and step
-    each request with its own scheduler; a request that took its last step leaves with its latents. Stop
-    when every request has left.
+    Tick k = 0, 1, 2, ...:
+      1. every request with cancel_at ≤ k leaves, admitted or still waiting (it gets no result);
+      2. the waiting requests with arrival ≤ k are admitted in list order while their rows fit: the batch
+         never holds more than max_rows rows (None: no limit); the first that does not fit waits, and so
+         does every request after it in the list (no overtaking);
+      3. if any request is active: pack every active request (in admission order), call
+         unet(sample, timesteps, encoder_hidden_states=...).sample once, split, and step each request with
+         its own scheduler; a request that took its last step leaves with its latents.
+    Stop when every request has left.
 
     Graded against: StableDiffusionPipeline run for each finished request alone (its prompt_embeds,
     negative_prompt_embeds, guidance_scale, num_inference_steps and a generator seeded with its seed,
@@ -148,23 +161,31 @@ def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, i
         requests:     dicts with id (str), prompt_embeds and negative_prompt_embeds (1, L, D),
                       guidance_scale, num_inference_steps, seed (int), arrival (tick), cancel_at (tick or None).
         latent_shape: (C, h, w) of one request's latents.
+        max_rows:     the most rows one denoiser call may hold (the server's memory), or None; ≥ 2.
     Returns: {id: final latents (1, C, h, w)} for every request that finished (none for a cancelled one).
     """
-    # BEGIN SOLUTION: per request its own scheduler and generator; every tick admit, drop, pack, one call, split, step
+    # BEGIN SOLUTION: per request its own scheduler and generator; each tick drop, admit what fits, one call, split, step
     pending, active, finished = list(requests), [], {}
     tick = 0
     while pending or active:
-        # 1. Admission: a request joins at the first tick at or after its arrival, with its own scheduler
-        #    and its own initial noise (prepare_latents: randn from its generator × init_noise_sigma).
+        # 1. Cancellation comes first: a cancelled request costs nothing more and frees its rows for this tick.
+        active = [a for a in active if a["request"]["cancel_at"] is None or a["request"]["cancel_at"] > tick]
+        pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
+        # 2. Admission in list order while the rows fit (the rows are the memory a request holds in the
+        #    denoiser's batch); a request joins with its own scheduler and its own initial noise
+        #    (prepare_latents: randn from its generator × init_noise_sigma).
+        rows = sum(2 if uses_cfg(a["request"]["guidance_scale"]) else 1 for a in active)
         for request in [r for r in pending if r["arrival"] <= tick]:
+            need = 2 if uses_cfg(request["guidance_scale"]) else 1
+            if max_rows is not None and rows + need > max_rows:
+                break  # no overtaking: the requests behind it wait too
+            rows += need
             pending.remove(request)
             own = copy.deepcopy(scheduler)
             own.set_timesteps(request["num_inference_steps"])
             generator = torch.Generator().manual_seed(request["seed"])
             latents = torch.randn((1, *latent_shape), generator=generator) * own.init_noise_sigma
             active.append({"request": request, "scheduler": own, "latents": latents, "step": 0})
-        # 2. Cancellation takes effect before the batch is built: a cancelled request costs nothing more.
-        active = [a for a in active if a["request"]["cancel_at"] is None or a["request"]["cancel_at"] > tick]
         if active:
             # 3. One batch, one call.
             entries = []

@@ -44,21 +44,27 @@ def split_body(rows="noise_pred[a:b]", combine="u + s * (c - u)", scale="s") -> 
 def serve_body(own="copy.deepcopy(scheduler)", gen="torch.Generator().manual_seed(r['seed'])",
                noise="* own.init_noise_sigma", admit="r['arrival'] <= tick",
                alive="r['cancel_at'] is None or r['cancel_at'] > tick", keep_result="True",
-               call="one") -> str:
+               call="one", need="2 if r['guidance_scale'] > 1 else 1", full="break") -> str:
     """A body for serve with one rule swapped for a wrong one."""
     return f"""
     pending, active, done, tick = list(requests), [], {{}}, 0
     while pending or active:
+        for a in active:
+            r = a['r']
+            a['cancelled'] = a['cancelled'] or not ({alive})
+        active = [a for a in active if not a['cancelled'] or {keep_result} is False]
+        pending = [r for r in pending if {alive}]
+        used = sum(2 if a['r']['guidance_scale'] > 1 else 1 for a in active if not a['cancelled'])
         for r in [r for r in pending if {admit}]:
+            need = {need}
+            if max_rows is not None and used + need > max_rows:
+                {full}
+            used += need
             pending.remove(r)
             own = {own}
             own.set_timesteps(r['num_inference_steps'])
             x = torch.randn((1, *latent_shape), generator={gen}) {noise}
             active.append(dict(r=r, s=own, x=x, k=0, cancelled=False))
-        for a in active:
-            r = a['r']
-            a['cancelled'] = a['cancelled'] or not ({alive})
-        active = [a for a in active if not a['cancelled'] or {keep_result} is False]
         if active:
             entries = []
             for a in active:
@@ -115,6 +121,10 @@ MUTANTS = [
      serve_body(alive="True"), Fails("wrong", "")),
     ("serve",  # one denoiser call per request: right latents, the wrong cost
      serve_body(call="each"), Fails("wrong", "rows, call by call")),
+    ("serve",  # max_rows counted in requests, not rows: two CFG requests and a third in a batch of 4 "requests"
+     serve_body(need="1"), Fails("wrong", "max_rows = 4")),
+    ("serve",  # a request that fits overtakes one that waits
+     serve_body(full="continue"), Fails("wrong", "none overtaking one that waits")),
 ]
 
 ALTERNATIVES = [
@@ -151,6 +161,16 @@ def test_the_batch_rules_give_one_call_per_tick_with_work():
                 dict(guidance_scale=2.0, num_inference_steps=1, arrival=6, cancel_at=None)]
     # tick 0: r0 + r2 (2 + 2); tick 1: r0, r1, r2 (5); tick 2: r2 cancelled: r0, r1 (3); ticks 3-5 idle; tick 6: r3
     assert grader.expected_batches(requests) == [4, 5, 3, 2]
+    # at most 4 rows: r1 waits at tick 1 (4 + 1 > 4) and joins at tick 2, when r2's cancellation frees its rows
+    assert grader.expected_batches(requests, max_rows=4) == [4, 4, 3, 1, 2]
+
+
+def test_the_memory_case_queues_frees_rows_on_cancel_and_never_overtakes():
+    grader = _grader()
+    case = next(c for c in grader.SERVE_CASES if c.get("max_rows"))
+    requests = [dict(guidance_scale=s, num_inference_steps=n, arrival=a, cancel_at=c) for s, n, a, c in case["specs"]]
+    # tick 2: r1's cancellation frees 2 rows for r2; tick 3: r5 (1 row) fits but waits behind r4 (2 rows)
+    assert grader.expected_batches(requests, max_rows=4) == [4, 4, 3, 3, 4, 3, 3, 1]
 
 
 def test_a_request_served_alone_by_the_solution_is_its_pipeline_run():

@@ -334,6 +334,10 @@ LESSON_TRAPS = {
         ("One generator for every request", trap("one generator for every request's initial noise")),
         ("Keeping a cancelled request in the batch to the end",
          budget("one denoiser call per tick, rows of the active requests only")),
+        ("Counting max_rows in requests",
+         check("vs each request alone through StableDiffusionPipeline",
+               "the counted UNet's batch sizes, call by call, are compared with the admission rules (max_rows in "
+               "rows, list order, no overtaking); the message states the rules")),
     ],
 }
 
