@@ -146,7 +146,10 @@ def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, i
       1. every request with cancel_at ≤ k leaves, admitted or still waiting (it gets no result);
       2. the waiting requests with arrival ≤ k are admitted in list order while their rows fit: the batch
          never holds more than max_rows rows (None: no limit); the first that does not fit waits, and so
-         does every request after it in the list (no overtaking);
+         does every request after it in the list (no overtaking). An admitted request gets its own copy of
+         `scheduler`, set_timesteps(its num_inference_steps), and its initial latents as prepare_latents
+         draws them: torch.randn((1, *latent_shape), generator=torch.Generator().manual_seed(seed)) times
+         its scheduler's init_noise_sigma;
       3. if any request is active: pack every active request (in admission order), call
          unet(sample, timesteps, encoder_hidden_states=...).sample once, split, and step each request with
          its own scheduler; a request that took its last step leaves with its latents.
