@@ -1,4 +1,4 @@
-"""Grader for lab 19 · Precision: float16 vs bfloat16 (real casts), and the force_upcast VAE decode.
+"""Grader for lab 19 · Precision: float16 vs bfloat16 (real casts), the force_upcast VAE decode, GGUF Q8_0.
 
 half_dtype_for is graded against real torch casts: the reference casts the case's tensor to both dtypes
 and measures each cast's largest relative error in float64 (a string answer, compared exactly).
@@ -11,13 +11,17 @@ pipeline would cost a text encoder and a UNet for nothing). One VAE has its deco
 3e4, so float16 activations pass 65504 (inf, then NaN after GroupNorm) while float32 stays finite.
 Precision: every decode carries a float64 shadow (the same VAE in float64); the float16 decode (no
 force_upcast) is judged with VAE_HALF.
+
+quantize_q8_0 is graded bit for bit against gguf.quants.quantize (the gguf package llama.cpp publishes, bit-exact
+with ggml-quants.c): its output is a file format. dequantize_q8_0 is graded against diffusers' dequantize_gguf_tensor
+on a GGUFParameter holding gguf's bytes, with exact d·q in float64 as the shadow.
 """
 import copy
 
 import torch
 
 from diffusion_katas.core.spec import Kata, Scenario
-from diffusion_katas.core.tolerances import EXACT, VAE_FORWARD, VAE_HALF
+from diffusion_katas.core.tolerances import EXACT, HALF, VAE_FORWARD, VAE_HALF
 from diffusion_katas.engine import tiny
 
 # ---- half_dtype_for ---------------------------------------------------------------------------------
@@ -199,3 +203,150 @@ def _(vae, latents):
                           "by it before the decoder.")
 def _(vae, latents):
     return reference_decode(vae, latents * vae.config.scaling_factor)
+
+
+# ---- quantize_q8_0 ----------------------------------------------------------------------------------
+Q8_0_KEYS = ("gguf.quants.quantize", "gguf.quants.dequantize", "gguf.quants.Q8_0.quantize_blocks",
+             "gguf.quants.Q8_0.dequantize_blocks", "diffusers.quantizers.gguf.utils.dequantize_blocks_Q8_0",
+             "diffusers.quantizers.gguf.utils.dequantize_gguf_tensor")
+
+quantize_q8_0 = Kata(
+    "quantize_q8_0",
+    hints=(
+        "Cut each row into blocks of 32. Each block gets one scale, chosen so its largest magnitude becomes ±127; "
+        "the values become integers at that scale. Then write the scale's two float16 bytes and the 32 int8 bytes.",
+        "d = max|x|/127 per block (float32); q = roundf(x·(1/d)), half away from zero (floor(a) + floor(2·frac(a)), "
+        "signed), 0 where d = 0; bytes = cat(d.to(float16).view(uint8), q.to(int8).view(uint8)).",
+        "b = x.reshape(-1, 32); d = b.abs().amax(1, keepdim=True) / 127; s = b * torch.where(d == 0, 0 * d, 1 / d); "
+        "a = s.abs(); q = s.sign() * (a.floor() + (2 * (a - a.floor())).floor()); "
+        "return torch.cat([d.half().view(torch.uint8), q.to(torch.int8).view(torch.uint8)], 1).reshape(x.shape[0], -1)",
+    ),
+    answer_key=Q8_0_KEYS,
+)
+
+
+def _q8_input(kind: str, rows: int, cols: int, g) -> torch.Tensor:
+    x = torch.randn(rows, cols, generator=g)
+    if kind == "small":  # d ≈ 2e-5: a float16 subnormal, so the stored scale is coarser than the float32 one
+        x = x * 2e-3
+    elif kind == "ties":  # each block's max is 127, so d = 1 and the half-integers are exact ties
+        x = (torch.randint(-254, 255, (rows, cols), generator=g) / 2).float()
+        x[:, ::32] = 127.0
+    elif kind == "zero_block":  # a block of zeros: d = 0, q = 0
+        x[0, :32] = 0.0
+    elif kind == "outlier":  # one large weight per row: a per-row scale would crush the rest
+        x[:, 5] = 40.0
+    return x
+
+
+def _gguf_q8_0(x: torch.Tensor) -> torch.Tensor:
+    import gguf
+
+    return torch.from_numpy(gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q8_0).copy())
+
+
+Q8_CASES = [dict(kind="gaussian", rows=3, cols=64), dict(kind="ties", rows=2, cols=64),
+            dict(kind="small", rows=4, cols=32), dict(kind="zero_block", rows=2, cols=96),
+            dict(kind="outlier", rows=2, cols=128)]
+
+
+@quantize_q8_0.check("vs gguf.quants.quantize(Q8_0), byte for byte", cases=Q8_CASES, tol=EXACT)
+def _(case, g):
+    x = _q8_input(case["kind"], case["rows"], case["cols"], g)
+    return Scenario(inputs=dict(x=x), expected=_gguf_q8_0(x),
+                    label=f"{case['kind']} weights ({case['rows']}, {case['cols']}): "
+                          f"{case['rows'] * case['cols'] // 32} blocks of 34 bytes")
+
+
+def _q8(x, *, round_even=False, per_row=False, divide_by_half=False, scale_last=False):
+    blocks = x.reshape(x.shape[0], -1) if per_row else x.reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    used = d.half().float() if divide_by_half else d
+    scaled = blocks * torch.where(used == 0, torch.zeros_like(used), 1 / used)
+    a = scaled.abs()
+    q = scaled.round() if round_even else scaled.sign() * (a.floor() + (2 * (a - a.floor())).floor())
+    if per_row:  # the row's one scale written in front of each of its blocks
+        d = d.repeat_interleave(x.shape[1] // 32, dim=0)
+        q = q.reshape(-1, 32)
+    d_bytes, q_bytes = d.to(torch.float16).view(torch.uint8), q.to(torch.int8).view(torch.uint8)
+    packed = torch.cat([q_bytes, d_bytes] if scale_last else [d_bytes, q_bytes], dim=1)
+    return packed.reshape(x.shape[0], -1)
+
+
+@quantize_q8_0.trap("rounded half to even (torch.round) instead of half away from zero (C's roundf)",
+                    hint="ggml rounds with roundf: 2.5 → 3, −3.5 → −4. torch.round gives 2 and −4 (ties to even). "
+                         "Round the magnitude with floor(a) + floor(2·(a − floor(a))) and put the sign back.")
+def _(x):
+    return _q8(x, round_even=True)
+
+
+@quantize_q8_0.trap("one scale per row instead of per 32-value block",
+                    hint="Q8_0's scale belongs to a block of 32 consecutive values: a large weight only coarsens the "
+                         "31 others in its block, not the whole row.")
+def _(x):
+    return _q8(x, per_row=True)
+
+
+@quantize_q8_0.trap("divided by the float16-rounded scale (ggml divides by the float32 d, then stores it as float16)",
+                    hint="Compute q with the float32 d (x · (1/d)); only the stored scale is float16. Where float16 "
+                         "rounds d (a block of small weights, d in float16's subnormals) the integers differ.")
+def _(x):
+    return _q8(x, divide_by_half=True)
+
+
+@quantize_q8_0.trap("the scale's bytes after the quants (a block is [d, q], 2 + 32 bytes)",
+                    hint="Each 34-byte block starts with the float16 scale, then the 32 int8 quants.")
+def _(x):
+    return _q8(x, scale_last=True)
+
+
+# ---- dequantize_q8_0 --------------------------------------------------------------------------------
+dequantize_q8_0 = Kata(
+    "dequantize_q8_0",
+    hints=(
+        "Each 34 bytes are one block: a float16 scale, then 32 signed 8-bit integers. The weights are their "
+        "product.",
+        "blocks = data.reshape(-1, 34); d = blocks[:, :2] viewed as float16; q = blocks[:, 2:] viewed as int8 "
+        "(not uint8: 0xFF is −1); x̂ = d·q in float16, back to (rows, −1).",
+        "b = data.reshape(-1, 34); d = b[:, :2].contiguous().view(torch.float16); "
+        "q = b[:, 2:].contiguous().view(torch.int8); return (d * q).reshape(data.shape[0], -1)",
+    ),
+    answer_key=Q8_0_KEYS,
+)
+
+DEQ_CASES = [dict(kind="gaussian", rows=3, cols=64), dict(kind="outlier", rows=2, cols=128),
+             dict(kind="small", rows=4, cols=32), dict(kind="zero_block", rows=1, cols=96)]
+
+
+@dequantize_q8_0.check("vs diffusers' dequantize_gguf_tensor (Q8_0)", cases=DEQ_CASES, tol=HALF)
+def _(case, g):
+    import gguf
+    from diffusers.quantizers.gguf.utils import GGUFParameter, dequantize_gguf_tensor
+
+    data = _gguf_q8_0(_q8_input(case["kind"], case["rows"], case["cols"], g))
+    expected = dequantize_gguf_tensor(GGUFParameter(data.clone(), quant_type=gguf.GGMLQuantizationType.Q8_0))
+    blocks = data.reshape(-1, 34)
+    exact = (blocks[:, :2].contiguous().view(torch.float16).double()
+             * blocks[:, 2:].contiguous().view(torch.int8).double()).reshape(case["rows"], -1)
+    return Scenario(inputs=dict(data=data), expected=expected.detach().clone(), exact=exact,
+                    label=f"gguf's Q8_0 bytes of {case['kind']} weights ({case['rows']}, {case['cols']})")
+
+
+def _deq(data, *, unsigned=False, scale_last=False):
+    blocks = data.reshape(-1, 34)
+    d_bytes, q_bytes = (blocks[:, 32:], blocks[:, :32]) if scale_last else (blocks[:, :2], blocks[:, 2:])
+    q = q_bytes.contiguous()
+    q = q.to(torch.float16) if unsigned else q.view(torch.int8)
+    return (d_bytes.contiguous().view(torch.float16) * q).reshape(data.shape[0], -1)
+
+
+@dequantize_q8_0.trap("the quants read as uint8 (a negative weight's 0xFF becomes 255, not −1)",
+                      hint="Q8_0's quants are signed: view the 32 bytes as torch.int8 before multiplying.")
+def _(data):
+    return _deq(data, unsigned=True)
+
+
+@dequantize_q8_0.trap("the scale read from the block's last two bytes (a block is [d, q])",
+                      hint="The float16 scale comes first in each 34-byte block, the 32 quants after it.")
+def _(data):
+    return _deq(data, scale_last=True)

@@ -1,4 +1,4 @@
-"""Lab 19 · Precision: float16 vs bfloat16, and why the VAE decodes in float32
+"""Lab 19 · Precision: float16 vs bfloat16, why the VAE decodes in float32, and 8-bit GGUF weights
 
 Concept:
     Half precision halves memory and doubles throughput, but the two 16-bit formats spend their bits
@@ -9,7 +9,10 @@ Concept:
     its values. The classic casualty is Stable Diffusion's VAE decoder: its activations exceed 65504, so
     a float16 decode overflows to inf, the next GroupNorm turns inf into NaN, and the image comes out
     black. diffusers marks such VAEs with config.force_upcast=True, and the SDXL pipeline upcasts the VAE
-    to float32 for the decode only, then puts it back to float16.
+    to float32 for the decode only, then puts it back to float16. Below 16 bits, weights are stored
+    quantized: GGUF's Q8_0 (the llama.cpp format diffusers loads Flux and SD3 checkpoints from) keeps each
+    block of 32 weights as one float16 scale and 32 int8 integers, 8.5 bits a weight, and diffusers
+    dequantizes them on the fly in each layer's forward.
 
 Mental model:
     - A cast rounds to the nearest representable value; a value beyond the largest finite one (plus half
@@ -23,6 +26,10 @@ Mental model:
         image = vae.decode(latents / vae.config.scaling_factor).sample
         if needs_upcasting: vae.to(float16)          # the image stays float32
       The UNet still runs in float16; only the decode is widened.
+    - Q8_0, per block of 32 consecutive values of a row (ggml-quants.c, gguf.quants.Q8_0):
+        d = max|x| / 127 (float32);  q = roundf(x · (1/d)), 0 where d = 0;  stored: d as float16 (2 bytes), q as int8
+      34 bytes per 32 values. Dequantized: x̂ = d·q, in float16 (diffusers' dequantize_blocks_Q8_0).
+      The largest value of a block maps to ±127 exactly; everything else is off by at most d/2.
 
 Traps:
     - Picking the dtype by range alone: a tensor of tiny values fits float16's range yet loses most of
@@ -32,11 +39,20 @@ Traps:
     - Upcasting the latents but not the VAE (or the VAE but not the latents): a dtype mismatch in the
       first convolution (an error on CPU).
     - Forgetting the 1/scaling_factor before the decoder (lab 06), or casting the image back to float16.
+    - Q8_0 with one scale per row (or per tensor) instead of per 32-value block: one large weight crushes
+      the resolution of every other weight it shares a scale with.
+    - Q8_0 rounding: ggml rounds half away from zero (C's roundf); torch.round rounds half to even.
+      And it divides by the float32 d before storing d as float16: dividing by the float16-rounded d
+      gives other integers wherever the rounding moved d (small blocks, whose d is subnormal in float16).
+    - Reading the quants as uint8: a negative weight's byte 0xFF is −1 as int8 and 255 as uint8.
 
 Precision:
     The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
     wide as you like. The dtype choice is a string compared exactly against real casts; the decode is
     compared against the VAE's own float32 decode, with a float64 shadow (the same VAE in float64).
+    Q8_0 is a file format: quantize_q8_0 must write gguf's bytes exactly (bit for bit is the lesson here;
+    multiply by the float32 reciprocal as ggml does, since x/d can land one integer off at a rounding
+    boundary); dequantize_q8_0 is judged against diffusers' float16 result and exact d·q.
 
 Say it out loud:
     "float16 has the finer mantissa, bfloat16 the wider range: use float16 when every value sits in
@@ -46,7 +62,8 @@ Say it out loud:
 
 Graded against: real torch casts (x.to(float16), x.to(bfloat16)) and torch.finfo; AutoencoderKL.decode
 on a tiny VAE whose weights are scaled so that float16 overflows, following
-StableDiffusionXLPipeline.__call__'s needs_upcasting decode step.
+StableDiffusionXLPipeline.__call__'s needs_upcasting decode step; gguf.quants.quantize (Q8_0) and diffusers'
+dequantize_gguf_tensor on a GGUFParameter.
 Run: python -m pytest katas/19_half_precision.py
 """
 import torch
@@ -98,4 +115,32 @@ def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
         The VAE is left in the dtype it came in.
     """
     # TODO: upcast VAE and latents to float32 when float16 + force_upcast; divide by scaling_factor; decode; VAE back to float16
+    raise NotImplementedError
+
+
+def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
+    """GGUF's Q8_0: every block of 32 consecutive values of a row as one float16 scale and 32 int8 quants.
+
+        d = max|x_block| / 127 (float32);  q = roundf(x · (1/d)) (q = 0 where d = 0; roundf: half away from zero)
+        block bytes = [d as float16 (2 bytes, little-endian), q as int8 (32 bytes)]
+
+    Graded against: gguf.quants.quantize(x, GGMLQuantizationType.Q8_0), bit for bit (the format's bytes).
+    Args:
+        x: (rows, cols) float32, cols a multiple of 32.
+    Returns: (rows, cols // 32 · 34) uint8, the row's blocks one after the other.
+    """
+    # TODO: per 32-value block d = max|x|/127; q = roundf(x·(1/d)); bytes = float16 d then int8 q
+    raise NotImplementedError
+
+
+def dequantize_q8_0(data: torch.Tensor) -> torch.Tensor:
+    """Q8_0 bytes back to weights: x̂ = d·q per block, in float16.
+
+    Graded against: diffusers' dequantize_gguf_tensor on a GGUFParameter(data, quant_type=Q8_0)
+    (dequantize_blocks_Q8_0), which multiplies the float16 scale by the int8 quants and keeps float16.
+    Args:
+        data: (rows, n_bytes) uint8, n_bytes a multiple of 34 (as `quantize_q8_0` writes them).
+    Returns: (rows, n_bytes // 34 · 32) float16.
+    """
+    # TODO: split each 34-byte block into its float16 scale and int8 quants; multiply
     raise NotImplementedError

@@ -37,7 +37,42 @@ def decode_body(up="vae.dtype == torch.float16 and vae.config.force_upcast", vae
     """
 
 
+def quantize_body(round_="s.sign() * (a.floor() + (2 * (a - a.floor())).floor())", block="32",
+                  inv="torch.where(d == 0, torch.zeros_like(d), 1 / d)") -> str:
+    """A body for quantize_q8_0 with one line swapped for a wrong one."""
+    return f"""
+    b = x.reshape(-1, {block})
+    d = b.abs().amax(dim=1, keepdim=True) / 127
+    s = b * {inv}
+    a = s.abs()
+    q = {round_}
+    d = d.repeat_interleave({block} // 32, dim=0)
+    q = q.reshape(-1, 32)
+    return torch.cat([d.to(torch.float16).view(torch.uint8), q.to(torch.int8).view(torch.uint8)], 1).reshape(x.shape[0], -1)
+    """
+
+
+def dequantize_body(q="b[:, 2:].contiguous().view(torch.int8)", d="b[:, :2].contiguous().view(torch.float16)") -> str:
+    return f"""
+    b = data.reshape(-1, 34)
+    return ({d} * {q}).reshape(data.shape[0], -1)
+    """
+
+
 MUTANTS = [
+    ("quantize_q8_0", quantize_body(round_="s.round()"), "rounded half to even (torch.round)"),
+    ("quantize_q8_0", quantize_body(block="x.shape[1]"), "one scale per row instead of per 32-value block"),
+    ("quantize_q8_0", quantize_body(inv="torch.where(d == 0, torch.zeros_like(d), 1 / d.half().float())"),
+     "divided by the float16-rounded scale"),
+    ("quantize_q8_0",  # x + 0.5 floored, ignoring the sign: negative values round toward +inf
+     quantize_body(round_="(s + 0.5).floor()"), Fails("wrong", "")),
+    ("quantize_q8_0",  # the scale from 128 (int8's −128 end) instead of 127
+     quantize_body(inv="torch.where(d == 0, torch.zeros_like(d), 127 / (128 * d))"), Fails("wrong", "")),
+    ("dequantize_q8_0", dequantize_body(q="b[:, 2:].to(torch.float16)"), "the quants read as uint8"),
+    ("dequantize_q8_0", dequantize_body(d="b[:, 32:].contiguous().view(torch.float16)", q="b[:, :32].contiguous().view(torch.int8)"),
+     "the scale read from the block's last two bytes"),
+    ("dequantize_q8_0",  # the scale read as bfloat16 (same two bytes, another format)
+     dequantize_body(d="b[:, :2].contiguous().view(torch.bfloat16).half()"), Fails("wrong", "")),
     ("half_dtype_for", choice_body("m <= 65504"), "chosen by range alone (float16 whenever max|x| ≤ 65504)"),
     ("half_dtype_for", choice_body("False"), "always bfloat16 (the wider range is always safer)"),
     ("half_dtype_for", choice_body("True"), "always float16 (more mantissa bits is always better)"),
@@ -56,6 +91,25 @@ MUTANTS = [
 ]
 
 ALTERNATIVES = [
+    ("quantize_q8_0", """
+     rows, cols = x.shape
+     out = torch.empty(rows, cols // 32, 34, dtype=torch.uint8)
+     for r in range(rows):
+         for k in range(cols // 32):
+             block = x[r, 32 * k:32 * (k + 1)]
+             d = block.abs().max() / 127
+             s = block * (1 / d) if d > 0 else torch.zeros_like(block)
+             q = torch.where(s >= 0, 1.0, -1.0) * (s.abs().floor() + (2 * (s.abs() - s.abs().floor())).floor())
+             out[r, k, :2] = d.reshape(1).half().view(torch.uint8)
+             out[r, k, 2:] = q.to(torch.int8).view(torch.uint8)
+     return out.reshape(rows, -1)
+     """, "block by block in loops, the sign by torch.where"),
+    ("dequantize_q8_0", """
+     b = data.reshape(-1, 34)
+     d = b[:, :2].contiguous().view(torch.float16).double()
+     q = b[:, 2:].contiguous().view(torch.int8).double()
+     return (d * q).half().reshape(data.shape[0], -1)
+     """, "the product in float64, cast once"),
     ("half_dtype_for",
      """
      if float(x.abs().max()) > 65504:  # 65504 < v < 65520 rounds to 65504: compare the casts to be exact
@@ -119,3 +173,17 @@ def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
     assert {c["force_upcast"] for c in cases} == {True, False}
     assert {c["scaling_factor"] for c in cases} == {0.13025, 0.18215}
     assert any(c["batch"] > 1 for c in cases)
+    # Q8_0: ties (roundf), a float16-subnormal scale, a zero block, an outlier; several blocks per row
+    assert {"ties", "small", "zero_block", "outlier"} <= {c["kind"] for c in grader.Q8_CASES}
+    assert any(c["cols"] > 32 for c in grader.Q8_CASES + grader.DEQ_CASES)
+
+
+def test_q8_0_is_8_5_bits_a_weight_and_the_block_max_maps_to_127():
+    import gguf
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    data = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+    assert data.shape == (2, 68) and 68 * 8 / 64 == 8.5
+    q = data.reshape(-1, 34)[:, 2:].view(np.int8)
+    assert (np.abs(q).max(axis=1) == 127).all()

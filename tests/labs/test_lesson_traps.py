@@ -306,6 +306,12 @@ LESSON_TRAPS = {
                "check (the learner's frames and message)")),
         ("Forgetting the 1/scaling_factor before the decoder",
          trap("latents not divided by scaling_factor", "image cast back to float16")),
+        ("Q8_0 with one scale per row", trap("one scale per row instead of per 32-value block")),
+        ("Q8_0 rounding", trap("rounded half to even (torch.round) instead of half away from zero (C's roundf)",
+                               "divided by the float16-rounded scale (ggml divides by the float32 d, then stores it "
+                               "as float16)")),
+        ("Reading the quants as uint8", trap("the quants read as uint8 (a negative weight's 0xFF becomes 255, not −1)",
+                                             "the scale read from the block's last two bytes (a block is [d, q])")),
     ],
     "20_first_block_cache": [
         ("Refreshing the cached residual on a skipped step",

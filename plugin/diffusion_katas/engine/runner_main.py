@@ -139,7 +139,7 @@ def _load_graders(command: dict, loaded: dict) -> str:
 
 # Packages whose modules the warm parent may import on a file's say-so: libraries, never the learner's own.
 LIBRARIES = frozenset({"torch", "numpy", "diffusers", "peft", "transformers", "safetensors", "huggingface_hub",
-                       "accelerate", "PIL", "diffusion_katas"})
+                       "accelerate", "PIL", "gguf", "diffusion_katas"})
 _warmed: dict[str, int] = {}
 
 
