@@ -123,6 +123,15 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
      "prev_t = t − 1"),
     ("ddim_step", DDIM_HEAD.replace(" if prev_t >= 0 else final", "") + DDIM_TAIL,
      "ᾱ_prev read at a negative index"),
+    ("ddim_step",  # T hard-coded to 1000 (issue 10: every DDIM case once had T = 1000)
+     DDIM_HEAD.replace("timestep - T // num_inference_steps", "timestep - 1000 // num_inference_steps") + DDIM_TAIL,
+     Fails("wrong", "")),
+    ("ddim_step",  # η > 0: the noise drawn sample by sample (issue 10: equal to one batch draw when C·H·W % 16 == 0)
+     DDIM_HEAD + DDIM_TAIL.replace(
+         "torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)",
+         "torch.cat([torch.randn((1, *model_output.shape[1:]), generator=generator, dtype=model_output.dtype) "
+         "for _ in range(model_output.shape[0])])"),
+     Fails("wrong", "")),
     ("ddim_step", DDIM_HEAD.replace("torch.tensor(1.0) if set_alpha_to_one else alphas_cumprod[0]",
                                     "alphas_cumprod[0]") + DDIM_TAIL,
      "ᾱ_prev = alphas_cumprod[0] at the last step"),
