@@ -158,3 +158,19 @@ def test_see_02_shows_a_step_bug_and_a_todo(course):
     done = kata_see(course, "02", "--out", str(course / "todo.png"), "--steps", "10")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "`predict_x0` is still TODO" in done.stdout and not (course / "todo.png").exists()
+
+
+def test_watch_with_see_draws_the_picture_again_after_the_verdict(course):
+    lab = "01_forward_noise"
+    shutil.copy(REPO / "solutions" / f"{lab}.py", course / "katas" / f"{lab}.py")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "diffusion_katas", "watch", "01", "--once", "--see", "--root",
+                           str(course)], capture_output=True, text=True, encoding="utf-8", env=env, timeout=LIMIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict, picture = done.stdout.index("add_noise"), done.stdout.index("picture: ")
+    assert verdict < picture  # the verdict first, the picture after it
+    assert "drawn again from your code (identical to diffusers, bit for bit)" in done.stdout
+    assert (course / ".kata" / "see" / f"{lab}.png").is_file()
+    done = subprocess.run([sys.executable, "-m", "diffusion_katas", "watch", "03", "--once", "--see", "--root",
+                           str(course)], capture_output=True, text=True, encoding="utf-8", env=env, timeout=LIMIT)
+    assert "picture: no picture for 03_scheduler_reading yet" in done.stdout, done.stdout

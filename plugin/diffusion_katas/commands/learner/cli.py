@@ -111,9 +111,11 @@ def cmd_watch(args) -> int:
                 since = signature(kata)
                 grading, shape, note = grade_save(warm, course, lab, grading_before, shape)
             out = [(CLEAR if tty else "") + header, *verdict_lines(course, lab, grading, note)]
-            if not args.once:
-                out += ["", f"waiting for a change of {course.rel(kata)}... (Ctrl-C to stop)"]
             print("\n".join(out), flush=True)
+            if args.see:  # after the verdict, so the picture never delays it
+                print(see_picture(course, lab), flush=True)
+            if not args.once:
+                print(f"\nwaiting for a change of {course.rel(kata)}... (Ctrl-C to stop)", flush=True)
             if args.once:
                 return 0
             if signature(kata) == since:
@@ -392,6 +394,24 @@ def _lesson_title(course: Course, lab: str) -> str:
 
 
 # ---- see -------------------------------------------------------------------------------------------------
+def see_picture(course: Course, lab: str) -> str:
+    """`kata watch --see`: the lab's picture drawn again from the learner's code, and one line saying how it went
+    (`kata see` in a subprocess, as cmd_see runs it, its own output kept to that line)."""
+    import subprocess
+
+    out = (course.state / "see" / f"{lab}.png").resolve()
+    done = subprocess.run([sys.executable, "-m", "diffusion_katas.engine.see", lab, "--root", str(course.root),
+                           "--out", str(out)], cwd=course.root, env=pytest_env(), capture_output=True, text=True,
+                          encoding="utf-8", errors="replace")
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip() and not line.startswith("[")]
+    if done.returncode == 0:
+        detail = next((line for line in lines if line.startswith(("identical", "max |difference|"))), "")
+        return f"picture: {course.rel(out)} drawn again from your code" + (f" ({detail})" if detail else "")
+    if done.returncode == 3:
+        return "picture: " + (lines[-1].removeprefix("kata see: ") if lines else "none for this lab")
+    return "picture: not drawn: " + (lines[-1] if lines else f"kata see exited with {done.returncode}")
+
+
 def cmd_see(args) -> int:
     """`python -m diffusion_katas.engine.see` in a subprocess (the commands import nothing of the engine; the
     learner's code runs in a runner process of that one's, as in grading)."""
@@ -449,6 +469,9 @@ def add_commands(commands) -> None:
     watch.add_argument("--interval", type=float, default=1.0, metavar="S",
                        help="seconds between checks of the file's mtime and size (default: 1.0)")
     watch.add_argument("--once", action="store_true", help="grade once, show the verdict and exit")
+    watch.add_argument("--see", action="store_true",
+                       help="after each verdict, draw the lab's `kata see` picture again from your code (labs with "
+                            "a picture; a few seconds, after the verdict)")
     watch.add_argument("--seed", type=int, default=None, metavar="N",
                        help="the graders' input seed for the whole session (default: a fresh one, shown)")
 
