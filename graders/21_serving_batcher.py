@@ -21,14 +21,21 @@ from diffusion_katas.core.tolerances import EXACT, SERVED_LATENTS, STEP_MATH
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.helpers import SD_BETAS, DenoiserProbe, PipelineRecorder
 
-SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler"}
+# Euler with "leading" spacing: its init_noise_sigma changes with set_timesteps, so reading it first shows
+SCHEDULERS = {"ddim": ("DDIMScheduler", {}), "euler": ("EulerDiscreteScheduler", dict(timestep_spacing="leading"))}
 
 
 def pipeline(kind: str):
-    """A tiny StableDiffusionPipeline with the named scheduler (its config as the pipeline rewrites it)."""
+    """A tiny StableDiffusionPipeline with the named scheduler, its config as the pipeline rewrites it and every
+    value explicit: the pipeline's __init__ patches steps_offset and clip_sample but leaves them listed among the
+    defaults, so a learner's `type(s).from_config(s.config)` would drop them (a standard idiom that must work)."""
     import diffusers
 
-    return tiny.sd_pipeline(getattr(diffusers, SCHEDULERS[kind])(**SD_BETAS), unet=tiny.unet_cond().requires_grad_(False))
+    name, extra = SCHEDULERS[kind]
+    pipe = tiny.sd_pipeline(getattr(diffusers, name)(**SD_BETAS, **extra), unet=tiny.unet_cond().requires_grad_(False))
+    config = {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")}
+    pipe.scheduler = type(pipe.scheduler)(**config)
+    return pipe
 
 
 def make_requests(specs, g) -> list[dict]:
@@ -207,13 +214,15 @@ serve = Kata(
     "serve",
     hints=(
         "Keep per request its own scheduler copy (set to its step count), its latents from its own seed, and its "
-        "step count so far. Every tick: admit, drop the cancelled, one batch, one call, split, step each.",
-        "admit (arrival ≤ tick): own = deepcopy(scheduler); own.set_timesteps(n); x = randn((1, *shape), "
-        "generator=Generator().manual_seed(seed)) · own.init_noise_sigma. Drop cancel_at ≤ tick. Entries: "
+        "step count so far. Every tick: drop the cancelled, admit the arrived (in arrival order, while they fit), one "
+        "batch, one call, split, step each.",
+        "drop cancel_at ≤ tick (active and waiting); admit arrival ≤ tick, sorted by arrival, while rows fit "
+        "max_rows (stop at the first that does not): own = deepcopy(scheduler); own.set_timesteps(n); x = randn((1, *shape), "
+        "generator=Generator().manual_seed(seed)) · own.init_noise_sigma. Entries: "
         "sample = own.scale_model_input(x, t), t = own.timesteps[step]. pack_batch → unet(...).sample → "
         "split_guided → own.step(noise, t, x).prev_sample; after n steps: finished[id] = x.",
-        "while pending or active: admit; active = [a for a in active if cancel_at is None or cancel_at > tick]; "
-        "if active: sample, ts, text, layout = pack_batch(entries); noise = unet(sample, ts, "
+        "while pending or active: active = [a for a in active if a not cancelled]; pending = [r not cancelled]; "
+        "for r in sorted(arrived, key=arrival): if rows + need > max_rows: break; admit r; if active: sample, ts, text, layout = pack_batch(entries); noise = unet(sample, ts, "
         "encoder_hidden_states=text).sample; for a, n in zip(active, split_guided(noise, layout, scales)): "
         "step it; finished ones out; tick += 1",
     ),
@@ -231,7 +240,7 @@ def expected_batches(requests, max_rows=None) -> list[int]:
         active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
         pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
         used = sum(rows(a[0]) for a in active)
-        for r in [r for r in pending if r["arrival"] <= tick]:
+        for r in sorted([r for r in pending if r["arrival"] <= tick], key=lambda r: r["arrival"]):
             if max_rows is not None and used + rows(r) > max_rows:
                 break
             used += rows(r)
@@ -249,10 +258,11 @@ def expected_batches(requests, max_rows=None) -> list[int]:
 SERVE_CASES = [
     dict(scheduler="ddim", specs=((7.5, 5, 0, None), (1.0, 3, 1, None), (3.0, 6, 2, None), (5.0, 4, 0, 2)),
          latent_shape=(4, 8, 8)),
-    # memory pressure: 4 rows hold two CFG requests; the rest queue in list order; r1's cancellation frees its
-    # rows at tick 2; at tick 3 r5 (one row) would fit but waits behind r4 (two rows): no overtaking
-    dict(scheduler="ddim", specs=((3.0, 3, 0, None), (5.0, 4, 0, 2), (1.0, 2, 0, None), (2.0, 2, 1, None),
-                                  (4.0, 3, 1, None), (1.0, 3, 2, None)), latent_shape=(4, 8, 8), max_rows=4),
+    # memory pressure: 4 rows hold two CFG requests and the rest queue in order of arrival (r3 is listed before
+    # r4 and r5 but arrives after them); r1's cancellation frees its rows at tick 2, when r5 (one row) would fit
+    # but waits behind r4 (two rows): no overtaking
+    dict(scheduler="ddim", specs=((3.0, 3, 0, None), (5.0, 4, 0, 2), (1.0, 2, 0, None), (2.0, 2, 2, None),
+                                  (4.0, 3, 1, None), (1.0, 3, 1, None)), latent_shape=(4, 8, 8), max_rows=4),
     dict(scheduler="euler", specs=((4.0, 4, 0, None), (1.0, 5, 0, None), (6.0, 3, 7, None)), latent_shape=(4, 8, 12)),
     dict(scheduler="ddim", specs=((2.5, 3, 0, None), (3.0, 4, 1, 0)), latent_shape=(4, 4, 4)),
 ]
@@ -266,12 +276,12 @@ def _verify_batches(probe, requests, expected, max_rows):
             return
         want = expected_batches(requests, max_rows)
         if probe.batch_sizes != want:
-            limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in list order while they fit, "
-                     "none overtaking one that waits" if max_rows is not None else "")
+            limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in order of arrival (ties: list "
+                     "order) while they fit, none overtaking one that waits" if max_rows is not None else "")
             raise KataFailure(
                 f"  the denoiser's batches had {probe.batch_sizes} rows, call by call; the requests' rules give {want} "
                 f"(one call per tick with any active request; 2 rows for a request with CFG, 1 without; a request "
-                f"leaves at its cancel_at tick, before that tick's batch, or after its last step; it joins at the "
+                f"leaves at its cancel_at tick, before that tick's admissions and batch, or after its last step; it joins at the "
                 f"first tick ≥ its arrival{limit})")
     return verify
 
@@ -291,23 +301,25 @@ def _(case, g):
 
 
 def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_scheduler=False, shared_generator=False,
-           unscaled=False):
+           unscaled=False, sigma_first=False):
     pending, active, finished, tick = list(requests), [], {}, 0
     generator = torch.Generator().manual_seed(requests[0]["seed"]) if shared_generator else None
     while pending or active:
         active = [a for a in active if a["r"]["cancel_at"] is None or a["r"]["cancel_at"] > tick]
         pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
         used = sum(2 if a["r"]["guidance_scale"] > 1 else 1 for a in active)
-        for r in [r for r in pending if r["arrival"] <= tick]:
+        for r in sorted([r for r in pending if r["arrival"] <= tick], key=lambda r: r["arrival"]):
             need = 2 if r["guidance_scale"] > 1 else 1
             if max_rows is not None and used + need > max_rows:
                 break
             used += need
             pending.remove(r)
             own = scheduler if shared_scheduler else copy.deepcopy(scheduler)
+            sigma = own.init_noise_sigma  # read before set_timesteps: the trap below keeps it
             own.set_timesteps(r["num_inference_steps"])
             x = torch.randn((1, *latent_shape), generator=generator or torch.Generator().manual_seed(r["seed"]))
-            active.append({"r": r, "s": own, "x": x if unscaled else x * own.init_noise_sigma, "k": 0})
+            active.append({"r": r, "s": own, "k": 0,
+                           "x": x if unscaled else x * (sigma if sigma_first else own.init_noise_sigma)})
         if active:
             entries = []
             for a in active:
@@ -348,6 +360,14 @@ def _(**kw):
                  "Euler), read after set_timesteps on the request's own scheduler.")
 def _(**kw):
     return _serve(**kw, unscaled=True)
+
+
+@serve.trap("init_noise_sigma read before set_timesteps (Euler's changes with the step count)",
+            hint="Set the request's scheduler to its step count first, then scale its noise: Euler with 'leading' "
+                 "spacing starts from the largest σ of the steps it will take (e.g. 14.6 before set_timesteps(4), "
+                 "4.24 after), as prepare_latents reads it after set_timesteps.")
+def _(**kw):
+    return _serve(**kw, sigma_first=True)
 
 
 # ---- budget ------------------------------------------------------------------------------------------

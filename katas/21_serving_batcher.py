@@ -18,15 +18,16 @@ Mental model:
     - Its rows in the batch: with classifier-free guidance (s_r > 1, as StableDiffusionPipeline decides)
       two rows, [x, x] with text [negative, positive]; otherwise one row, x with the positive prompt. Each
       row carries its request's own timestep: the UNet takes a timestep per sample.
-    - One tick: admit the requests that have arrived (initial latents: randn from the request's own
-      generator × its scheduler's init_noise_sigma, as prepare_latents); drop the cancelled ones; build
-      the batch (scale_model_input by each request's scheduler); ONE denoiser call; split the output back
+    - One tick: drop the cancelled requests (first, so their rows are free); admit the requests that
+      have arrived, in order of arrival (initial latents: randn from the request's own generator × its
+      scheduler's init_noise_sigma after set_timesteps, as prepare_latents); build the batch (scale_model_input by each request's scheduler); ONE denoiser call; split the output back
       by the layout; guidance per request (ε_u + s_r(ε_c − ε_u)); each request's own scheduler.step; the
       requests that took their last step leave with their latents.
     - Cost: the denoiser runs once per tick with work to do, on as many rows as the active requests
       need, and never on a request that is gone.
     - Memory: a request holds its rows in every call it is part of (the denoiser's activations grow
-      with the rows), so a server caps a call at max_rows. Arrived requests join in order while they fit;
+      with the rows), so a server caps a call at max_rows. Arrived requests join in order of arrival while
+      they fit;
       one that does not fit waits, and the ones behind it wait too (overtaking would starve a large
       request); a cancellation frees its rows at once. Queueing, not failure, is the answer to memory
       pressure, and a request's latents do not depend on when it ran.
@@ -55,7 +56,7 @@ Precision:
     the batch's pieces are judged exactly against the pipeline's own inputs and guided outputs.
 
 Say it out loud:
-    "Every tick I admit the requests that arrived, drop the cancelled ones, and put each active request's
+    "Every tick I drop the cancelled requests, admit the ones that arrived while they fit, and put each active request's
     rows in one batch: two rows with its negative and positive prompt if it uses CFG, one otherwise, each
     with its own timestep. One UNet call; I split the output by the layout, guide each request with its
     own scale and step it with its own scheduler. A request that finishes leaves with its latents, and it
@@ -119,13 +120,14 @@ def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, i
 
     Tick k = 0, 1, 2, ...:
       1. every request with cancel_at ≤ k leaves, admitted or still waiting (it gets no result);
-      2. the waiting requests with arrival ≤ k are admitted in list order while their rows fit: the batch
-         never holds more than max_rows rows (None: no limit); the first that does not fit waits, and so
-         does every request after it in the list (no overtaking). An admitted request gets its own copy of
-         `scheduler`, set_timesteps(its num_inference_steps), and its initial latents as prepare_latents
-         draws them: torch.randn((1, *latent_shape), generator=torch.Generator().manual_seed(seed)) times
-         its scheduler's init_noise_sigma;
-      3. if any request is active: pack every active request (in admission order), call
+      2. the waiting requests with arrival ≤ k are admitted in order of arrival (equal arrivals: list
+         order) while their rows fit: the batch never holds more than max_rows rows (None: no limit); the
+         first that does not fit waits, and so does every request queued after it (no overtaking). An
+         admitted request gets its own copy of `scheduler` (copy.deepcopy), set_timesteps(its
+         num_inference_steps), and its initial latents as prepare_latents draws them:
+         torch.randn((1, *latent_shape), generator=torch.Generator().manual_seed(seed)) times its
+         scheduler's init_noise_sigma, read after set_timesteps;
+      3. if any request is active: pack the active requests, call
          unet(sample, timesteps, encoder_hidden_states=...).sample once, split, and step each request with
          its own scheduler; a request that took its last step leaves with its latents.
     Stop when every request has left.
@@ -135,7 +137,7 @@ def serve(unet, scheduler, requests: list[dict], latent_shape: tuple[int, int, i
     output_type="latent"); budget: denoiser calls and rows.
     Args:
         unet:         a UNet2DConditionModel (calls counted).
-        scheduler:    a configured scheduler (DDIM or Euler), to copy for each request; leave it unchanged.
+        scheduler:    a configured scheduler (DDIM or Euler), to copy for each request.
         requests:     dicts with id (str), prompt_embeds and negative_prompt_embeds (1, L, D),
                       guidance_scale, num_inference_steps, seed (int), arrival (tick), cancel_at (tick or None).
         latent_shape: (C, h, w) of one request's latents.

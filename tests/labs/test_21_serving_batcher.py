@@ -55,7 +55,7 @@ def serve_body(own="copy.deepcopy(scheduler)", gen="torch.Generator().manual_see
         active = [a for a in active if not a['cancelled'] or {keep_result} is False]
         pending = [r for r in pending if {alive}]
         used = sum(2 if a['r']['guidance_scale'] > 1 else 1 for a in active if not a['cancelled'])
-        for r in [r for r in pending if {admit}]:
+        for r in sorted([r for r in pending if {admit}], key=lambda r: r['arrival']):
             need = {need}
             if max_rows is not None and used + need > max_rows:
                 {full}
@@ -125,6 +125,14 @@ MUTANTS = [
      serve_body(need="1"), Fails("wrong", "max_rows = 4")),
     ("serve",  # a request that fits overtakes one that waits
      serve_body(full="continue"), Fails("wrong", "none overtaking one that waits")),
+    ("serve",  # admitted in list order instead of order of arrival
+     serve_body().replace("key=lambda r: r['arrival']", "key=lambda r: 0"), Fails("wrong", "in order of arrival")),
+    ("serve",  # the scale read before set_timesteps
+     serve_body().replace("            own.set_timesteps(r['num_inference_steps'])\n",
+                          "").replace("x = torch.randn(", "own_sigma = own.init_noise_sigma\n            "
+                                      "own.set_timesteps(r['num_inference_steps'])\n            x = torch.randn(")
+     .replace("{noise}", "").replace(") * own.init_noise_sigma", ") * own_sigma"),
+     "init_noise_sigma read before set_timesteps"),
 ]
 
 ALTERNATIVES = [
@@ -169,8 +177,9 @@ def test_the_memory_case_queues_frees_rows_on_cancel_and_never_overtakes():
     grader = _grader()
     case = next(c for c in grader.SERVE_CASES if c.get("max_rows"))
     requests = [dict(guidance_scale=s, num_inference_steps=n, arrival=a, cancel_at=c) for s, n, a, c in case["specs"]]
-    # tick 2: r1's cancellation frees 2 rows for r2; tick 3: r5 (1 row) fits but waits behind r4 (2 rows)
-    assert grader.expected_batches(requests, max_rows=4) == [4, 4, 3, 3, 4, 3, 3, 1]
+    # tick 2: r1's cancellation frees 2 rows for r2, and r5 (1 row) would fit but waits behind r4 (2 rows, arrived
+    # at the same tick, listed first); tick 3: r4 and r5 join before r3, which is listed first but arrived later
+    assert grader.expected_batches(requests, max_rows=4) == [4, 4, 3, 4, 3, 3, 2, 2]
 
 
 def test_a_request_served_alone_by_the_solution_is_its_pipeline_run():

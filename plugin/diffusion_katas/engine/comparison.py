@@ -68,8 +68,12 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
                 return problem
         return None
     if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
+        if not isinstance(actual, dict):
             return f"{where} should be a dict with keys {sorted(expected)}, got {describe(actual)}"
+        if set(actual) != set(expected):
+            extra, missing = sorted(set(actual) - set(expected), key=str), sorted(set(expected) - set(actual), key=str)
+            return (f"{where} should be a dict with keys {sorted(expected, key=str)}, got keys {sorted(actual, key=str)}"
+                    + (f" (not expected: {extra})" if extra else "") + (f" (missing: {missing})" if missing else ""))
         for key in expected:
             problem = mismatch(actual[key], expected[key], tol, f"{where}[{key!r}]", _part(exact, key, dict), rule)
             if problem:
