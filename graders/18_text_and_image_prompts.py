@@ -251,9 +251,10 @@ def _at(h, pos):
     return h[torch.arange(h.shape[0]), pos]
 
 
-@pooled_embedding.trap("pooled from the last position",
+@pooled_embedding.trap("pooled from the last position (where padding is EOS, that is also the last EOS)",
                        hint="The last position is padding: the pooled row is the EOS token's, which sits "
-                            "right after the prompt's last character.")
+                            "right after the prompt's last character. Where the padding token is EOS itself, "
+                            "the last EOS is the last position too: take the FIRST EOS.")
 def _(last_hidden_state, input_ids, eos_token_id):
     return last_hidden_state[:, -1]
 

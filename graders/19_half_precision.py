@@ -20,7 +20,7 @@ import copy
 
 import torch
 
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT, HALF, VAE_FORWARD, VAE_HALF
 from diffusion_katas.engine import tiny
 
@@ -52,10 +52,12 @@ def _values(kind: str, g: torch.Generator, dtype: str) -> torch.Tensor:
         x = x.sign() * torch.logspace(-3, 4.7, x.numel(), dtype=torch.float64).view_as(x)
     elif kind == "zeros":
         x = torch.zeros(4, 4, dtype=torch.float64)
+    elif kind == "one_tiny":  # ordinary values and one 3e-5 (a float16 subnormal): float16 still wins
+        x[2, 5] = 3e-5
     return x.to(getattr(torch, dtype))
 
 
-DTYPE_CASES = [dict(kind=k, dtype=d) for k in ("unit", "large", "tiny", "just_below_inf", "wide_but_normal")
+DTYPE_CASES = [dict(kind=k, dtype=d) for k in ("unit", "large", "tiny", "just_below_inf", "wide_but_normal", "one_tiny")
                for d in ("float32", "float64")] + [dict(kind="zeros", dtype="float32")]
 
 
@@ -74,6 +76,17 @@ def _(case, g):
     assert torch.finfo(torch.float16).max == 65504.0 and torch.finfo(torch.bfloat16).bits == 16
     return Scenario(inputs=dict(x=x), expected="float16" if f16 <= bf16 else "bfloat16",
                     label=f"{case['kind']} {case['dtype']}: float16 err {f16:.2g}, bfloat16 err {bf16:.2g}")
+
+
+@half_dtype_for.trap("the range rule of thumb: float16 only if every nonzero |x| is in [6.1e-5, 65504]",
+                     hint="Both edges are softer than the range: 65504 ≤ |x| < 65520 rounds to 65504 (finite, error "
+                          "≤ 2.4e-4), and one value below 6.1e-5 among ordinary ones costs float16 less than "
+                          "bfloat16's 7-bit mantissa costs every value. Compare the two casts' relative errors.")
+def _(x):  # declared first: it and "range alone" both say bfloat16 at 65510, where only this one is the cause
+    a = x.abs()[x != 0].double()
+    if a.numel() == 0:
+        return "float16"
+    return "float16" if float(a.max()) <= 65504 and float(a.min()) >= 6.1e-5 else "bfloat16"
 
 
 @half_dtype_for.trap("chosen by range alone (float16 whenever max|x| ≤ 65504)",
@@ -115,16 +128,53 @@ decode_latents = Kata(
 )
 
 
+def _tracked_vae_class():
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
+    class DtypeTrackedVAE(AutoencoderKL):
+        """An AutoencoderKL that writes down its dtype after every move (.to, .half, .float: all go through
+        _apply) in `moves`: the learner's copy lives in another process, and this is how the grader sees where
+        the call left it."""
+
+        def _apply(self, fn, recurse=True):
+            out = super()._apply(fn, recurse)
+            if "moves" in self.__dict__:
+                self.moves.append(str(self.dtype).replace("torch.", ""))
+            return out
+
+    DtypeTrackedVAE.__module__ = __name__  # pickled by the grader module's name, as the runner knows it
+    DtypeTrackedVAE.__qualname__ = "DtypeTrackedVAE"
+    return DtypeTrackedVAE
+
+
+DtypeTrackedVAE = _tracked_vae_class()
+
+
 def make_vae(*, overflow: bool, force_upcast: bool, scaling_factor: float, dtype: str):
-    """A tiny AutoencoderKL (seeded weights); overflow=True scales the decoder's conv_in by 3e4 so that
-    float16 activations pass 65504 while float32 ones stay finite."""
-    vae = tiny.vae(8).eval()
+    """A tiny AutoencoderKL (seeded weights) that records its moves; overflow=True scales the decoder's conv_in
+    by 3e4 so that float16 activations pass 65504 while float32 ones stay finite."""
+    base = tiny.vae(8).eval()
+    vae = DtypeTrackedVAE.from_config(base.config).eval()
+    vae.load_state_dict(base.state_dict())
     vae.register_to_config(force_upcast=force_upcast, scaling_factor=scaling_factor)
     if overflow:
         with torch.no_grad():
             vae.decoder.conv_in.weight.mul_(3e4)
             vae.decoder.conv_in.bias.mul_(3e4)
-    return vae.half() if dtype == "float16" else vae
+    vae = vae.half() if dtype == "float16" else vae
+    vae.moves = []  # from here on: what a caller does to it
+    return vae
+
+
+def _left_as_it_came(vae, dtype: str):
+    def verify(out):
+        if vae.moves and vae.moves[-1] != dtype:
+            raise KataFailure(
+                f"  the VAE came in as {dtype} and your function left it in {vae.moves[-1]} (its moves: "
+                f"{' → '.join(vae.moves)}): put it back after the decode, as StableDiffusionXLPipeline does "
+                "(vae.to(dtype=torch.float16)), or every later call on it pays the float32 cost",
+                detail="the VAE left in another dtype")
+    return verify
 
 
 def reference_decode(vae, latents):
@@ -165,8 +215,9 @@ def _scenario(case, g):
     expected = reference_decode(copy.deepcopy(vae), latents.clone())
     assert torch.isfinite(expected).all()
     label = f"{case['dtype']} VAE, force_upcast={case['force_upcast']}, scaling_factor {case['scaling_factor']}"
+    vae.moves = []  # the reference's and the shadow's moves were on copies; this one is the learner's
     return Scenario(inputs=dict(vae=vae, latents=latents), expected=expected,
-                    exact=shadow_decode(vae, latents),
+                    exact=shadow_decode(vae, latents), verify=_left_as_it_came(vae, case["dtype"]),
                     label=label)
 
 

@@ -33,7 +33,9 @@ Mental model:
 
 Traps:
     - Picking the dtype by range alone: a tensor of tiny values fits float16's range yet loses most of
-      its digits in float16's subnormals; bfloat16 keeps them to 3e-3.
+      its digits in float16's subnormals; bfloat16 keeps them to 3e-3. And the range [6.1e-5, 65504] as a
+      rule misses both edges: up to 65519 rounds to 65504 (finite), and one value below 6.1e-5 among
+      ordinary ones costs float16 less than bfloat16 costs every value.
     - "bfloat16 is always safer": for values inside float16's normal range it is 8× less exact.
     - Decoding in float16 although force_upcast is set: inf, then NaN, a black image.
     - Upcasting the latents but not the VAE (or the VAE but not the latents): a dtype mismatch in the
@@ -55,8 +57,11 @@ Precision:
     boundary); dequantize_q8_0 is judged against diffusers' float16 result and exact d·q.
 
 Say it out loud:
-    "float16 has the finer mantissa, bfloat16 the wider range: use float16 when every value sits in
-    [6e-5, 65504], bfloat16 otherwise. A VAE with force_upcast overflows float16, so the pipeline decodes
+    "float16 has the finer mantissa, bfloat16 the wider range: cast to both and keep the one with the
+    smaller worst relative error. That is float16 for ordinary magnitudes, bfloat16 once a value reaches
+    65520 (float16's inf) or most of them sink into float16's subnormals; a rule of ranges alone misses
+    the edges (65504 to 65519 still rounds to 65504, one tiny value among ordinary ones costs float16
+    less than bfloat16's coarse mantissa costs every value). A VAE with force_upcast overflows float16, so the pipeline decodes
     with the VAE and the latents in float32, divides by the scaling factor first, and puts the VAE back
     to float16 afterwards."
 

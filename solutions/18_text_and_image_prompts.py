@@ -80,7 +80,9 @@ def prompt_embeds(text_encoder, input_ids: torch.Tensor, clip_skip: int | None =
 
     Graded against: StableDiffusionPipeline.encode_prompt(prompt, cpu, 1, False, clip_skip=clip_skip)
     Args:
-        text_encoder: a transformers CLIPTextModel (its final layer norm is text_encoder.final_layer_norm)
+        text_encoder: a transformers CLIPTextModel (its final layer norm is text_encoder.final_layer_norm;
+                      diffusers' source spells it text_encoder.text_model.final_layer_norm, which transformers
+                      5 no longer has)
         input_ids:    (B, L) int64 token ids, padded to max_length (BOS … EOS, pad)
         clip_skip:    None (the last layer), or k ≥ 1: skip the last k layers
     Returns: (B, L, D) float32.

@@ -74,6 +74,9 @@ MUTANTS = [
     ("dequantize_q8_0",  # the scale read as bfloat16 (same two bytes, another format)
      dequantize_body(d="b[:, :2].contiguous().view(torch.bfloat16).half()"), Fails("wrong", "")),
     ("half_dtype_for", choice_body("m <= 65504"), "chosen by range alone (float16 whenever max|x| ≤ 65504)"),
+    ("half_dtype_for",  # the lesson's old summary rule, [6e-5, 65504]
+     choice_body("((m <= 65504 and float(x.abs()[x != 0].min()) >= 6e-5) if (x != 0).any() else True)"),
+     "the range rule of thumb"),
     ("half_dtype_for", choice_body("False"), "always bfloat16 (the wider range is always safer)"),
     ("half_dtype_for", choice_body("True"), "always float16 (more mantissa bits is always better)"),
     ("half_dtype_for",  # float16's range checked, and its smallest *normal* value as the floor, but 0 counted too
@@ -86,6 +89,8 @@ MUTANTS = [
      decode_body(vae_to="pass"), Fails("crash", "")),
     ("decode_latents",  # the VAE upcast, the latents left in float16: the same mismatch the other way
      decode_body(lat="pass"), Fails("crash", "")),
+    ("decode_latents",  # the VAE upcast and never put back: right image, a float32 VAE left for the next call
+     decode_body().replace("        vae.to(dtype=torch.float16)\n", "        pass\n"), Fails("wrong", "left it in float32")),
     ("decode_latents",  # force_upcast ignored: every float16 VAE upcast (the float16-only case shows it)
      decode_body(up="vae.dtype == torch.float16"), Fails("wrong", "dtype")),
 ]
@@ -167,7 +172,7 @@ def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
     # both input dtypes, both answers; float16 and float32 VAEs, force_upcast on and off, both scaling factors, B > 1
     grader = _grader()
     assert {c["dtype"] for c in grader.DTYPE_CASES} == {"float32", "float64"}
-    assert {"tiny", "large", "unit"} <= {c["kind"] for c in grader.DTYPE_CASES}
+    assert {"tiny", "large", "unit", "one_tiny"} <= {c["kind"] for c in grader.DTYPE_CASES}
     cases = grader.UPCAST_CASES + grader.HALF_CASES
     assert {c["dtype"] for c in cases} == {"float16", "float32"}
     assert {c["force_upcast"] for c in cases} == {True, False}

@@ -49,8 +49,8 @@ SIGMA = Tol(
 
 MODEL_FORWARD = Tol(
     1e-5, 1e-5,
-    "a UNet forward run at another batch size or split differs by ~1e-6 (different matmul blocking); "
-    "a wrong combination is off by ≥1e-2",
+    "a model's forward (a UNet, a text encoder, an attention block) run at another batch size or split "
+    "differs by ~1e-6 (different matmul blocking); a wrong combination is off by ≥1e-2",
 )
 
 
