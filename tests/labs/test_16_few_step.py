@@ -283,3 +283,12 @@ def test_a_loop_that_fails_is_told_the_first_step_where_it_left_the_pipeline(gra
     assert graded.status == "failed"
     assert re.search(r"where it first differs: step 1 of \d: the denoiser's input differs .*14\.\d+× the "
                      r"pipeline's everywhere.*scale_model_input", graded.text), graded.text
+
+
+def test_a_step_that_draws_twice_is_told_its_generator_moved_too(grade_mutant):
+    # the noise drawn twice (the first draw thrown away): the values differ, and the generator's state says why
+    twice = step_body(z="(torch.randn(model_output.shape, generator=generator, dtype=dtype), "
+                        "torch.randn(model_output.shape, generator=generator, dtype=dtype))[1]")
+    graded = grade_mutant(LAB, "lcm_step", twice)
+    assert graded.status == "failed", graded
+    assert "values differ" in graded.text and "also: `generator` was left in a different state" in graded.text

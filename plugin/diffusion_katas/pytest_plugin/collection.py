@@ -290,10 +290,11 @@ class KataItem(pytest.Item):
                     raise KataFailure(self._failure(problem, scenario, out, tol, rng))
                 self._check_generators(scenario)
 
-    def _check_generators(self, scenario: Scenario) -> None:
-        """The values are right: were the generators left as the reference leaves them (the same draws)?"""
+    def _generators_off(self, scenario: Scenario) -> list[str]:
+        """The generators the learner's call left in another state than the reference leaves them (other draws)."""
         import torch
 
+        off = []
         for name, reference in (scenario.generators_after or {}).items():
             mine = getattr(self, "last_generators", {}).get(name)
             theirs = [r.get_state() for r in reference] if isinstance(reference, list) else reference.get_state()
@@ -302,11 +303,19 @@ class KataItem(pytest.Item):
             else:
                 same = isinstance(mine, torch.Tensor) and torch.equal(mine, theirs)
             if not same:
-                raise KataFailure(
-                    f"{self.last_context}\n  the values are right, but `{name}` was left in a different state than "
-                    "diffusers leaves it: your code drew a different amount of noise from it (more, fewer, or "
-                    "none where diffusers draws). In a pipeline that shares the generator, every later draw "
-                    "would then differ.", Reason.WRONG, f"`{name}` left in another state")
+                off.append(name)
+        return off
+
+    def _check_generators(self, scenario: Scenario) -> None:
+        """The values are right: were the generators left as the reference leaves them (the same draws)?"""
+        off = self._generators_off(scenario)
+        if off:
+            name = off[0]
+            raise KataFailure(
+                f"{self.last_context}\n  the values are right, but `{name}` was left in a different state than "
+                "diffusers leaves it: your code drew a different amount of noise from it (more, fewer, or "
+                "none where diffusers draws). In a pipeline that shares the generator, every later draw "
+                "would then differ.", Reason.WRONG, f"`{name}` left in another state")
 
     def _context(self, check: Check, number: int, total: int, case: dict, scenario: Scenario) -> str:
         from diffusion_katas.engine.comparison import describe
@@ -343,6 +352,10 @@ class KataItem(pytest.Item):
                     break
         if best is not None:
             lines.append(f"  trap: {best[2].name}\n    {best[2].hint}")
+        for name in self._generators_off(scenario):  # wrong values AND other draws: the draws may be the cause
+            lines.append(f"  also: `{name}` was left in a different state than diffusers leaves it: your code drew "
+                         "a different amount of noise from it (more, fewer, or none where diffusers draws), which "
+                         "alone changes every value drawn after it")
         if scenario.on_mismatch is not None:
             session = self.config.stash[state.SESSION]
             try:
