@@ -27,7 +27,7 @@ TITLE = 14  # write_png's title strip above each row
 
 @pytest.fixture
 def course(tmp_path: Path) -> Path:
-    for lab in (LAB, "01_forward_noise", "02_denoising_step", "03_scheduler_reading"):
+    for lab in (LAB, "01_forward_noise", "02_denoising_step", "03_scheduler_reading", "15_karras_edm"):
         for folder in ("katas", "solutions", "graders"):
             (tmp_path / folder).mkdir(exist_ok=True)
             shutil.copy(REPO / folder / f"{lab}.py", tmp_path / folder / f"{lab}.py")
@@ -174,3 +174,18 @@ def test_watch_with_see_draws_the_picture_again_after_the_verdict(course):
     done = subprocess.run([sys.executable, "-m", "diffusion_katas", "watch", "03", "--once", "--see", "--root",
                            str(course)], capture_output=True, text=True, encoding="utf-8", env=env, timeout=LIMIT)
     assert "picture: no picture for 03_scheduler_reading yet" in done.stdout, done.stdout
+
+
+def test_see_15_samples_the_two_moons_toy_set_with_the_learners_edm_loop(course):
+    out = course / "see15.png"
+    done = kata_see(course, "15", "--solutions", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 of 256 samples differ by more than 1e-3" in done.stdout
+    image = np.asarray(Image.open(out).convert("RGB"))
+    assert image.shape[0] == see.TITLE_H + 300 + 2 * see.GAP
+    # a bug: the network fed x itself (c_in forgotten): the samples leave the moons
+    write_kata(course, "model_output = network(x_in, c_noise[0])", "model_output = network(x, c_noise[0])",
+               "15_karras_edm")
+    done = kata_see(course, "15", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 of 256" not in done.stdout and "samples differ by more than 1e-3" in done.stdout

@@ -13,6 +13,8 @@ never ran. What each lab draws (PICTURES):
   learner's and their difference; then one sample's x̂₀ over the steps (diffusers' pred_original_sample and the
   learner's predict_x0 on the learner's own trajectory) and their difference.
 - 05: the learner's generate() against DDIMPipeline: diffusers' samples, the learner's, their difference.
+- 15: the 2-D toy set (engine/toy2d.py): the learner's edm_sample carries Gaussian noise onto two moons with the
+  ideal EDM network for them, beside diffusers' EDMEulerScheduler loop from the same noise, as scatter plots.
 
 Differences are drawn ×4, so a difference of ¼ is white.
 
@@ -57,6 +59,10 @@ PICTURES = {
         "ddim_step", ("predict_x0", "ddim_step"),
         "your ddim_step driving the trained shapes UNet (η = 0), against DDIMScheduler.step; x̂₀ over the steps",
         "draw_ddim_steps"),
+    "15_karras_edm": Picture(
+        "edm_sample", ("edm_model_inputs", "edm_denoised", "edm_euler_step", "edm_sample"),
+        "your edm_sample carrying noise onto the two-moons toy set (its ideal EDM network), against "
+        "EDMEulerScheduler", "draw_moons"),
     "05_sampling_loop": Picture(
         "generate", ("initial_noise", "sampling_loop", "to_image"),
         "your generate() with DDIMScheduler (η = 0) on the trained shapes UNet, against DDIMPipeline",
@@ -175,6 +181,9 @@ def _compared(reference, mine) -> list[str]:
     if diff.numel() and bool(torch_equal(mine, reference)):
         return ["identical to diffusers, bit for bit"]
     worst = diff.flatten(1).max(dim=1).values
+    if len(worst) > 8:  # a cloud of points, not a row of images: how many are off, not each one
+        off = int((worst > 1e-3).sum())
+        return [f"max |difference| {float(diff.max()):.3g}; {off} of {len(worst)} samples differ by more than 1e-3"]
     return [f"max |difference| {float(diff.max()):.3g} (per image: " + ", ".join(f"{float(w):.2g}" for w in worst) + ")"]
 
 
@@ -303,6 +312,41 @@ def draw_generate(learner: Learner, args):
     return blocks, notes + _compared(reference, mine)
 
 
+# ---- 15: the 2-D toy set ------------------------------------------------------------------------------------
+def draw_moons(learner: Learner, args):
+    import torch
+    from diffusers.schedulers.scheduling_edm_euler import EDMEulerScheduler
+
+    from diffusion_katas.engine import toy2d
+
+    network = toy2d.MoonsEDMNetwork()
+    scheduler = EDMEulerScheduler(sigma_min=0.002, sigma_max=80.0, sigma_data=toy2d.SIGMA_DATA, rho=7.0)
+    scheduler.set_timesteps(args.steps)
+    count = 256
+    start = torch.randn((count, 2, 1, 1), generator=torch.Generator().manual_seed(args.seed)) * scheduler.sigmas[0]
+    theirs = start.clone()
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            theirs = scheduler.step(network(scheduler.scale_model_input(theirs, t), t), t, theirs).prev_sample
+    mine = _tensor(learner.call("edm_sample", network=network, sample=start.clone(), sigmas=scheduler.sigmas.clone(),
+                                sigma_data=toy2d.SIGMA_DATA, prediction_type="epsilon"), "edm_sample", start.shape)
+    data = network.points.float()
+    theirs, mine = theirs.reshape(count, 2), mine.reshape(count, 2)
+    grey, orange, blue = (110, 110, 110), (240, 140, 60), (90, 180, 240)
+    bounds = (-2.0, 2.0)
+    blocks = [("scatter", [
+        ("the data: two moons (grey)", [(data, grey, 3)], bounds),
+        (f"diffusers' EDMEulerScheduler, {args.steps} steps", [(data, grey, 2), (theirs, orange, 2)], bounds),
+        ("your edm_sample, the same noise", [(data, grey, 2), (mine, blue, 2)], bounds)])]
+    distance = ((mine[:, None, :].double() - network.points[None]) ** 2).sum(-1).min(dim=1).values.sqrt()
+    notes = [f"{count} points from the same Gaussian noise at σ = 80, sampled onto the ideal EDM network of the grey "
+             "cloud (its exact denoiser, which carries every sample onto one of the data points): a right sampler "
+             "lands on the moons",
+             f"your samples' median distance to the nearest data point: {float(distance.median()):.3g} "
+             f"(diffusers': {float(((theirs[:, None, :].double() - network.points[None]) ** 2).sum(-1).min(dim=1).values.sqrt().median()):.3g})"]
+    return blocks, notes + _compared(theirs, mine)
+
+
 def _failure(error, reply: dict, function: str, picture: Picture, source: Path, rel: str) -> tuple[int, str]:
     if error is not None and error.is_a("NotImplementedError"):
         # the innermost frame in the learner's file is the function still to write
@@ -330,7 +374,9 @@ def compose_png(path: Path, blocks: list) -> None:
 
     parts = []
     for block in blocks:
-        parts.append(_image_rows(*block[1:]) if block[0] == "images" else _plots(block[1]))
+        draw = {"images": lambda b: _image_rows(*b[1:]), "plots": lambda b: _plots(b[1]),
+                "scatter": lambda b: _scatter(b[1])}[block[0]]
+        parts.append(draw(block))
     width = max(p.width for p in parts)
     canvas = Image.new("RGB", (width, sum(p.height for p in parts)), (40, 40, 40))
     y = 0
@@ -364,6 +410,27 @@ def _plots(panels):
                     draw.line(points[k:k + 6], fill=tuple(min(255, c + 15) for c in colour), width=3)
             else:
                 draw.line(points, fill=tuple(c // 2 for c in colour), width=6)
+    return canvas
+
+
+def _scatter(panels):
+    """Square scatter panels side by side, each (title, [(points (N, 2), colour, radius), ...], (lo, hi))."""
+    from PIL import Image, ImageDraw
+
+    side = 300
+    canvas = Image.new("RGB", (GAP + len(panels) * (side + GAP), TITLE_H + side + 2 * GAP), (40, 40, 40))
+    draw = ImageDraw.Draw(canvas)
+    for i, (title, layers, (lo, hi)) in enumerate(panels):
+        x0, y0 = GAP + i * (side + GAP), GAP + TITLE_H
+        draw.text((x0, GAP), title, fill=(230, 230, 230))
+        draw.rectangle([x0, y0, x0 + side, y0 + side], outline=(120, 120, 120), fill=(25, 25, 25))
+        for points, colour, radius in layers:
+            for px, py in points.tolist():
+                if not (lo <= px <= hi and lo <= py <= hi):
+                    continue  # off the panel (a sampler gone wrong): the terminal's numbers still count it
+                cx = x0 + (px - lo) / (hi - lo) * side
+                cy = y0 + (1 - (py - lo) / (hi - lo)) * side
+                draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=colour)
     return canvas
 
 

@@ -511,9 +511,9 @@ def add_commands(commands) -> None:
               "Run your functions of LAB with the course's one trained model, a tiny class-conditional "
               "UNet2DModel that draws circles, squares and triangles, in a process of their own as in grading, and "
               "write a PNG beside diffusers' from the same seed: lab 01 your schedules' curves and add_noise, lab 02 "
-              "your ddim_step's samples and x0 predictions over the steps, lab 05 your generate()'s samples; with "
-              "their differences. On a TODO kata it says which function to write first.")
-    see.add_argument("lab", metavar="LAB", help="lab number or name (so far: 01, 02, 05)")
+              "your ddim_step's samples and x0 predictions over the steps, lab 05 your generate()'s samples, lab 15 your EDM loop on a 2-D toy "
+              "set (two moons); with their differences. On a TODO kata it says which function to write first.")
+    see.add_argument("lab", metavar="LAB", help="lab number or name (so far: 01, 02, 05, 15)")
     see.add_argument("--out", type=Path, default=None, metavar="PNG",
                      help="where to write the picture (default: .kata/see/LAB.png in the course)")
     see.add_argument("--solutions", action="store_true", help="draw with solutions/LAB.py instead of your kata")
