@@ -27,9 +27,10 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxPosEmbed
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.spec import Kata, Measurement, Scenario
 from diffusion_katas.core.tolerances import EMBED_ANGLE, EXACT, MODEL_FORWARD, STEP_MATH
-from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers
+from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import DTYPES, DenoiserProbe, quiet_diffusers, seed_from
 
 PROCESSOR = "diffusers.models.attention_processor.JointAttnProcessor2_0.__call__"
 ATTENTION = "diffusers.models.attention_processor.Attention.forward"
@@ -583,3 +584,135 @@ _zero_star_trap("plain CFG (α never applied)",
                 "Rescale the unconditional prediction first: pred = α·u + s·(c − α·u), α per sample.", no_alpha=True)
 _zero_star_trap("α applied to the conditional prediction",
                 "α rescales u, the prediction CFG starts from: α·u + s·(c − α·u).", alpha_on="cond")
+
+
+# ---- flux_velocity ----------------------------------------------------------------------------------
+flux_velocity = Kata(
+    "flux_velocity",
+    hints=(
+        "A guidance-distilled Flux learned guidance as an input: one transformer call with the scale embedded, no "
+        "unconditional branch. Only true CFG (true_cfg_scale > 1 with a negative prompt) pays a second call.",
+        "guidance = full([B], s) if transformer.config.guidance_embeds else None; t = timestep.expand(B) / 1000; "
+        "v = transformer(hidden_states=latents, timestep=t, guidance=guidance, …)[0]; true CFG: v_u from the "
+        "negative prompt, v = v_u + s_true·(v − v_u).",
+        "g = torch.full([1], guidance_scale).expand(B) if transformer.config.guidance_embeds else None; "
+        "t = timestep.expand(B).to(latents.dtype) / 1000; call = lambda e, p: transformer(hidden_states=latents, "
+        "timestep=t, guidance=g, pooled_projections=p, encoder_hidden_states=e, txt_ids=text_ids, "
+        "img_ids=latent_image_ids, return_dict=False)[0]; v = call(prompt_embeds, pooled_prompt_embeds); "
+        "if true_cfg_scale > 1 and negatives: u = call(negatives…); v = u + true_cfg_scale * (v - u)",
+    ),
+    no_answer_key="FluxPipeline computes this inline in __call__ (no callable to lock); the transformer itself is "
+                  "what the learner calls",
+)
+
+FLUX_CASES = [
+    dict(guidance_embeds=True, guidance_scale=3.5, true_cfg_scale=1.0, negative=True, batch=1, size=8, text=5),  # dev
+    dict(guidance_embeds=True, guidance_scale=2.0, true_cfg_scale=2.5, negative=True, batch=2, size=8, text=7),
+    dict(guidance_embeds=False, guidance_scale=3.5, true_cfg_scale=1.5, negative=True, batch=1, size=12, text=5),
+    dict(guidance_embeds=True, guidance_scale=4.0, true_cfg_scale=3.0, negative=False, batch=1, size=8, text=7),
+]
+
+
+def _flux_run(case, g):
+    """A FluxPipeline run (4 steps) recording, per step, the transformer's first call and scheduler.step's input."""
+    import functools
+
+    pipe = tiny.flux_pipeline(case["guidance_embeds"])
+    B = case["batch"]
+    L = case["text"]
+    prompt = (torch.randn(B, L, 16, generator=g), torch.randn(B, 8, generator=g))
+    negative = (torch.randn(B, L, 16, generator=g), torch.randn(B, 8, generator=g)) if case["negative"] else (None, None)
+    calls, steps = [], []
+    step = pipe.scheduler.step
+
+    @functools.wraps(step)
+    def recording(model_output, timestep, sample, *args, **kwargs):
+        steps.append(dict(noise_pred=model_output.clone(), t=timestep.clone(), latents=sample.clone()))
+        return step(model_output, timestep, sample, *args, **kwargs)
+
+    pipe.scheduler.step = recording
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append({k: v for k, v in kwargs.items()}), with_kwargs=True)
+    with torch.no_grad():
+        pipe(prompt_embeds=prompt[0], pooled_prompt_embeds=prompt[1], negative_prompt_embeds=negative[0],
+             negative_pooled_prompt_embeds=negative[1], guidance_scale=case["guidance_scale"],
+             true_cfg_scale=case["true_cfg_scale"], num_inference_steps=4, height=case["size"] * 2,
+             width=case["size"] * 2, output_type="latent", generator=torch.Generator().manual_seed(seed_from(g)))
+    hook.remove()
+    del pipe.scheduler.step
+    return pipe, prompt, negative, calls, steps
+
+
+@flux_velocity.check("vs FluxPipeline's noise_pred at a step (distilled guidance, true CFG)", cases=FLUX_CASES,
+                     tol=MODEL_FORWARD)
+def _(case, g):
+    pipe, prompt, negative, calls, steps = _flux_run(case, g)
+    k = int(torch.randint(0, len(steps), (), generator=g))
+    first = calls[len(calls) // len(steps) * k]
+    inputs = dict(transformer=DenoiserProbe(pipe.transformer, label="FluxTransformer2DModel (tiny; calls counted)"),
+                  latents=steps[k]["latents"], timestep=steps[k]["t"], prompt_embeds=prompt[0],
+                  pooled_prompt_embeds=prompt[1], text_ids=first["txt_ids"], latent_image_ids=first["img_ids"],
+                  guidance_scale=case["guidance_scale"], true_cfg_scale=case["true_cfg_scale"],
+                  negative_prompt_embeds=negative[0], negative_pooled_prompt_embeds=negative[1])
+    per_step = len(calls) // len(steps)
+    return Scenario(inputs=inputs, expected=steps[k]["noise_pred"],
+                    label=f"step {k + 1}/4, t = {float(steps[k]['t']):.1f}; guidance "
+                          + ("embedded" if case["guidance_embeds"] else "not embedded (no guidance_embeds)")
+                          + f"; the pipeline called the transformer {per_step}× a step")
+
+
+def _flux(transformer, latents, timestep, prompt_embeds, pooled_prompt_embeds, text_ids, latent_image_ids,
+          guidance_scale=3.5, true_cfg_scale=1.0, negative_prompt_embeds=None, negative_pooled_prompt_embeds=None, *,
+          guidance_times=1.0, t_scale=1000.0, swap=False):
+    B = latents.shape[0]
+    guidance = (torch.full([B], guidance_scale * guidance_times) if transformer.config.guidance_embeds else None)
+    t = timestep.expand(B).to(latents.dtype) / t_scale
+
+    def call(embeds, pooled):
+        return transformer(hidden_states=latents, timestep=t, guidance=guidance, pooled_projections=pooled,
+                           encoder_hidden_states=embeds, txt_ids=text_ids, img_ids=latent_image_ids,
+                           return_dict=False)[0]
+
+    with torch.no_grad():
+        v = call(prompt_embeds, pooled_prompt_embeds)
+        if true_cfg_scale > 1 and negative_prompt_embeds is not None:
+            u = call(negative_prompt_embeds, negative_pooled_prompt_embeds)
+            v = v + true_cfg_scale * (u - v) if swap else u + true_cfg_scale * (v - u)
+    return v
+
+
+@flux_velocity.trap("guidance multiplied by 1000 before the call (the transformer scales it itself)",
+                    hint="FluxPipeline passes guidance = full([B], guidance_scale); FluxTransformer2DModel multiplies "
+                         "it by 1000 inside, as it does the timestep.")
+def _(**kw):
+    return _flux(**kw, guidance_times=1000.0)
+
+
+@flux_velocity.trap("the timestep passed as t (0 … 1000), not t/1000",
+                    hint="The scheduler's timesteps run 0 … 1000; the transformer takes t/1000 and multiplies it back "
+                         "by 1000 inside its time embedding.")
+def _(**kw):
+    return _flux(**kw, t_scale=1.0)
+
+
+@flux_velocity.trap("true CFG with its branches swapped: v_c + s·(v_u − v_c)",
+                    hint="True CFG starts from the negative prompt's velocity: v_u + true_cfg_scale·(v_c − v_u).")
+def _(**kw):
+    return _flux(**kw, swap=True)
+
+
+@flux_velocity.budget("one transformer call a step (two only for true CFG)")
+def _(learner, g):
+    measured, allowed = 0, 0
+    for case in (FLUX_CASES[0], FLUX_CASES[1]):
+        pipe, prompt, negative, calls, steps = _flux_run(case, g)
+        probe = DenoiserProbe(pipe.transformer)
+        learner(transformer=probe, latents=steps[0]["latents"], timestep=steps[0]["t"], prompt_embeds=prompt[0],
+                pooled_prompt_embeds=prompt[1], text_ids=calls[0]["txt_ids"], latent_image_ids=calls[0]["img_ids"],
+                guidance_scale=case["guidance_scale"], true_cfg_scale=case["true_cfg_scale"],
+                negative_prompt_embeds=negative[0], negative_pooled_prompt_embeds=negative[1])
+        measured += probe.calls
+        allowed += len(calls) // len(steps)
+    return [Measurement("transformer calls for one step of Flux-dev (guidance 3.5) and one with true CFG 2.5",
+                        measured, allowed, "calls",
+                        "distilled guidance is an input of the one call; only true CFG pays a second")]

@@ -9,7 +9,8 @@ Concept:
     position id, so q·k depends on the *difference* of positions. Around the network, guidance has grown
     variants that are pure tensor math on the two predictions: adaptive projected guidance (APG) and
     CFG-Zero*. You will rebuild SD3's joint attention processor, Flux's position ids, its cos/sin tables
-    and the rotary attention, and the two guidance variants of `diffusers.guiders`.
+    and the rotary attention, the two guidance variants of `diffusers.guiders`, and Flux-dev's distilled
+    guidance: a model trained to take the guidance scale as an input, so guiding costs no second call.
 
 Mental model:
     - Joint attention (JointAttnProcessor2_0), image x (B, N, C) and text c (B, M, C):
@@ -47,6 +48,9 @@ Traps:
       difference itself; η scales the parallel part, not the orthogonal one; and at s = 1 the guider is
       off: it returns the conditional prediction as it is.
     - CFG-Zero*'s α is one number *per sample*, not one for the batch; ‖u‖² in the denominator, not ‖c‖².
+    - Flux-dev's guidance is an input, not a second pass: one call with guidance = full([B], s), which the
+      transformer multiplies by 1000 itself, as it does the timestep it is given as t/1000. Only true CFG
+      pays a second call, on the negative prompt, and combines from it: v_u + s_true·(v_c − v_u).
 
 Precision:
     The course's one policy (lab 01 states it): return the dtype the docstring names, and compute as
@@ -67,7 +71,8 @@ Say it out loud:
 Graded against: diffusers JointAttnProcessor2_0 on a tiny Attention (added_kv_proj_dim, qk_norm None /
 "rms_norm", context_pre_only False / True), FluxPipeline._prepare_latent_image_ids, FluxPosEmbed,
 apply_rotary_emb + scaled_dot_product_attention (Flux's attention), AdaptiveProjectedGuidance and
-ClassifierFreeZeroStarGuidance from diffusers.guiders, on fresh seeded inputs.
+ClassifierFreeZeroStarGuidance from diffusers.guiders, on fresh seeded inputs; FluxPipeline's noise_pred on a tiny
+FluxTransformer2DModel with and without guidance_embeds, with and without true CFG.
 Run: python -m pytest katas/17_mmdit_attention.py
 """
 import math
@@ -269,4 +274,54 @@ def cfg_zero_star(pred_cond: torch.Tensor, pred_uncond: torch.Tensor, guidance_s
     alpha = (c * u).sum(1, keepdim=True) / ((u * u).sum(1, keepdim=True) + 1e-8)  # (B, 1)
     pred = alpha * u + guidance_scale * (c - alpha * u)
     return pred.reshape(pred_cond.shape).to(pred_cond.dtype)
+    # END SOLUTION
+
+
+def flux_velocity(transformer, latents: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor,
+                  pooled_prompt_embeds: torch.Tensor, text_ids: torch.Tensor, latent_image_ids: torch.Tensor,
+                  guidance_scale: float = 3.5, true_cfg_scale: float = 1.0,
+                  negative_prompt_embeds: torch.Tensor | None = None,
+                  negative_pooled_prompt_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """The velocity FluxPipeline hands scheduler.step at one step: distilled guidance, and true CFG on top.
+
+        guidance = full([B], guidance_scale) if transformer.config.guidance_embeds else None
+        v_c = transformer(latents, timestep/1000 (per sample), guidance, the prompt)      one call
+        true CFG (true_cfg_scale > 1 and a negative prompt given): v_u = the same on the negative prompt,
+        v = v_u + true_cfg_scale·(v_c − v_u)                                              a second call
+
+    Graded against: FluxPipeline.__call__'s denoising step (the noise_pred it hands scheduler.step), on a tiny
+    FluxTransformer2DModel with and without guidance_embeds; the transformer counts its calls.
+    Args:
+        transformer:            a FluxTransformer2DModel, called as transformer(hidden_states=…, timestep=…,
+                                guidance=…, pooled_projections=…, encoder_hidden_states=…, txt_ids=…, img_ids=…,
+                                return_dict=False)[0]
+        latents:                (B, S, C) packed latents
+        timestep:               0-dim, the scheduler's timestep t (0 … 1000)
+        prompt_embeds:          (B, L, D);  pooled_prompt_embeds: (B, P)
+        text_ids, latent_image_ids: (L, 3) and (S, 3) position ids
+        guidance_scale:         embedded (guidance-distilled models only): one call, no unconditional branch
+        true_cfg_scale:         classifier-free guidance with a second call, when > 1 and a negative prompt is given
+        negative_prompt_embeds, negative_pooled_prompt_embeds: the negative prompt, or None
+    Returns: (B, S, C) in the latents' dtype.
+    """
+    # BEGIN SOLUTION: guidance as an input of the one call (if the model embeds it); a second call only for true CFG
+    batch = latents.shape[0]
+    # 1. Distilled guidance is an input, not a second pass: the transformer scales it by 1000 itself.
+    guidance = (torch.full([1], guidance_scale, dtype=torch.float32).expand(batch)
+                if transformer.config.guidance_embeds else None)
+    # 2. The transformer works in t/1000 ∈ [0, 1] (it multiplies by 1000 inside), one timestep per sample.
+    t = timestep.expand(batch).to(latents.dtype) / 1000
+
+    def velocity(embeds, pooled):
+        return transformer(hidden_states=latents, timestep=t, guidance=guidance, pooled_projections=pooled,
+                           encoder_hidden_states=embeds, txt_ids=text_ids, img_ids=latent_image_ids,
+                           return_dict=False)[0]
+
+    with torch.no_grad():
+        v = velocity(prompt_embeds, pooled_prompt_embeds)
+        # 3. True CFG costs a second call, on the negative prompt (the guidance embedding goes into both).
+        if true_cfg_scale > 1 and negative_prompt_embeds is not None and negative_pooled_prompt_embeds is not None:
+            v_neg = velocity(negative_prompt_embeds, negative_pooled_prompt_embeds)
+            v = v_neg + true_cfg_scale * (v - v_neg)
+    return v
     # END SOLUTION

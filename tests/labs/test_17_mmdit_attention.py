@@ -104,7 +104,30 @@ def zero_star_body(zero="step < zero_init_steps", flat="1", denom="(u * u).sum(-
     """
 
 
+def flux_body(g="torch.full([1], guidance_scale).expand(B)", t="timestep.expand(B).to(latents.dtype) / 1000",
+              combine="u + true_cfg_scale * (v - u)", second="true_cfg_scale > 1 and negative_prompt_embeds is not None") -> str:
+    """A body for flux_velocity with one line swapped for a wrong one."""
+    return f"""
+    B = latents.shape[0]
+    guidance = {g} if transformer.config.guidance_embeds else None
+    t = {t}
+    def call(e, p):
+        return transformer(hidden_states=latents, timestep=t, guidance=guidance, pooled_projections=p,
+                           encoder_hidden_states=e, txt_ids=text_ids, img_ids=latent_image_ids, return_dict=False)[0]
+    with torch.no_grad():
+        v = call(prompt_embeds, pooled_prompt_embeds)
+        if {second}:
+            u = call(negative_prompt_embeds, negative_pooled_prompt_embeds)
+            v = {combine}
+    return v
+    """
+
+
 MUTANTS = [
+    ("flux_velocity", flux_body(g="torch.full([1], guidance_scale * 1000).expand(B)"), "guidance multiplied by 1000"),
+    ("flux_velocity", flux_body(t="timestep.expand(B).to(latents.dtype)"), "the timestep passed as t (0 … 1000)"),
+    ("flux_velocity", flux_body(combine="v + true_cfg_scale * (u - v)"), "true CFG with its branches swapped"),
+
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("joint_attention", joint_body(txt="attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k",
                                    text_out="attn.to_out[0](text)"), "one projection shared by text and image tokens"),

@@ -59,6 +59,10 @@ TWINS = [
     ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),
     ("21_serving_batcher", "serve", "one denoiser call per tick, rows of the active requests only",
      importlib.import_module("test_21_serving_batcher").serve_body(call="each"), "call by call"),
+    ("17_mmdit_attention", "flux_velocity", "one transformer call a step (two only for true CFG)",
+     # true CFG at any true_cfg_scale, 1.0 included: v_u + 1·(v_c − v_u) = v_c, the right values for a second call
+     importlib.import_module("test_17_mmdit_attention").flux_body(second="negative_prompt_embeds is not None"),
+     "OVER transformer calls"),
     ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", """
         guide = guidance_scale > 1
         scheduler.set_timesteps(num_inference_steps)

@@ -47,7 +47,8 @@ SHADOWED_LABS = {
     "13_flow_matching": {},
     "14_multistep_solvers": {},
     "15_karras_edm": {},
-    "17_mmdit_attention": {},
+    "17_mmdit_attention": {("flux_velocity", None): "FluxPipeline's own transformer calls on its own inputs (one, or two "
+                                                     "with true CFG): the same forward, judged with MODEL_FORWARD"},
     "18_text_and_image_prompts": {},
     "19_half_precision": {},
     "20_first_block_cache": {},

@@ -72,3 +72,21 @@ def text_embeddings(batch: int, generator, tokens: int = TEXT_TOKENS):
     import torch
 
     return torch.randn((batch, tokens, TEXT_DIM), generator=generator)
+
+
+def flux_pipeline(guidance_embeds: bool):
+    """A FluxPipeline with no text encoders (call it with prompt_embeds and pooled_prompt_embeds): a tiny
+    FluxTransformer2DModel (16 packed latent channels, 2 heads of 8, text width 16, pooled width 8; guidance
+    embedded when `guidance_embeds`, as in Flux-dev) and a 2-block VAE (vae_scale_factor 2)."""
+    from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
+    from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
+    from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
+
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=16, pooled_projection_dim=8, guidance_embeds=guidance_embeds, axes_dims_rope=(2, 2, 4),
+    ).eval().requires_grad_(False)
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae(2), text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
