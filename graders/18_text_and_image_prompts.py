@@ -455,7 +455,7 @@ def _m(t):
 
 
 def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False, scale_both=False,
-        text_proj=False, split_front=False):
+        text_proj=False, split_front=False, last_n=False):
     heads = attn.heads
     with torch.no_grad():
         m = ehs.shape[1] - sum(num_tokens)
@@ -464,6 +464,8 @@ def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False,
             text = ehs[:, sum(num_tokens):]
         else:
             text, images = ehs[:, :m], list(torch.split(ehs[:, m:], num_tokens, 1))
+        if last_n:
+            images = [ehs[:, -n:] for n in num_tokens]
         q = _h(attn.to_q(x), heads)
         if one_softmax:
             k = torch.cat([attn.to_k(text)] + [k_ip(i) for i, k_ip in zip(images, to_k_ip)], 1)
@@ -498,6 +500,14 @@ def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, 
                                 "(the only new weights an IP-Adapter adds to each layer).")
 def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
     return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, text_proj=True)
+
+
+@ip_adapter_attention.trap("every adapter reads the last n tokens (with two adapters, the first reads the second's)",
+                           hint="The adapters' image tokens follow the text one adapter after another: adapter i's "
+                                "are the num_tokens[i] after the text and the adapters before it. torch.split the "
+                                "image part by num_tokens.")
+def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
+    return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, last_n=True)
 
 
 @ip_adapter_attention.trap("image tokens taken from the front",

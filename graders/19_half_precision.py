@@ -250,6 +250,20 @@ def _(vae, latents):
         return vae.decode(latents / vae.config.scaling_factor).sample
 
 
+@decode_latents.trap("every float16 VAE upcast (force_upcast never read)",
+                     hint="Upcasting costs a float32 decode: the pipeline pays it only when the VAE's config asks "
+                          "(vae.config.force_upcast). A float16 VAE without it decodes in float16, and its image is "
+                          "float16.")
+def _(vae, latents):
+    if vae.dtype != torch.float16:
+        return reference_decode(vae, latents)
+    vae.to(dtype=torch.float32)
+    with torch.no_grad():
+        image = vae.decode(latents.float() / vae.config.scaling_factor).sample
+    vae.to(dtype=torch.float16)
+    return image
+
+
 @decode_latents.trap("image cast back to float16",
                      hint="The pipeline puts the VAE back to float16, not the image: the decoded image stays "
                           "float32 (its postprocessing works in float32).")

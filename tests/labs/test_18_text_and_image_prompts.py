@@ -86,6 +86,10 @@ MUTANTS = [
     ("cfg_text_batch", cfg_body(neg_skip="clip_skip"), "clip_skip applied to the negative prompt too"),
     ("cfg_text_batch", cfg_body(out="positive"), Fails("wrong", "shape")),
     ("ip_adapter_attention", ONE_SOFTMAX, "image tokens concatenated into the text K/V (one softmax)"),
+    ("ip_adapter_attention",  # a blind learner's: each adapter's tokens taken from the end
+     ip_body().replace("images = torch.split(encoder_hidden_states[:, text_len:], list(num_tokens), dim=1)",
+                       "images = [encoder_hidden_states[:, -n:] for n in num_tokens]"),
+     "every adapter reads the last n tokens"),
     ("ip_adapter_attention", ip_body(add="out = s * out + s * merge_heads(ip)"), "scale applied to both terms"),
     ("ip_adapter_attention", ip_body(ip_kv="attn.to_k(image), attn.to_v(image)"),
      "image K/V through the text projections"),
