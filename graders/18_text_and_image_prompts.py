@@ -16,7 +16,6 @@ Precision: every float check carries its float64 shadow (Scenario.exact): the sa
 float64 copy of the model and the same inputs. An answer about as close to exact math as diffusers' passes.
 """
 import copy
-import functools
 import types
 import warnings
 
@@ -35,7 +34,7 @@ CPU = torch.device("cpu")
 PIPELINE = "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline"
 IP_PROCESSOR = "diffusers.models.attention_processor.IPAdapterAttnProcessor2_0.__call__"
 ATTENTION = "diffusers.models.attention_processor.Attention.forward"
-MAX_LENGTH = 32
+MAX_LENGTH = tiny.CLIP_MAX_LENGTH
 WORDS = ["a", "cat", "red", "fox", "in", "the", "snow", "photo", "of", "blue", "sky", "oil", "painting", "zebra"]
 
 
@@ -55,34 +54,15 @@ def _register_clip_outputs() -> None:
 _register_clip_outputs()
 
 
-@functools.cache
-def tokenizer():
-    """A character-level CLIPTokenizer built offline: byte characters, their word-final forms, BOS, EOS
-    (EOS is the highest id and also the padding token, as in SD 1.x)."""
-    from transformers import CLIPTokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    for c in chars:
-        vocab.setdefault(c + "</w>", len(vocab))
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=MAX_LENGTH)
+# A character-level CLIPTokenizer built offline (EOS the highest id and the padding token, as in SD 1.x).
+tokenizer = tiny.clip_tokenizer
 
 
 def text_encoder(g: torch.Generator, *, layers: int = 3, legacy_eos: bool = False):
     """A random CLIPTextModel for the tokenizer above; legacy_eos: eos_token_id = 2 in the config (the
     pre-2023 CLIP configs, whose pooled output takes the argmax of the ids)."""
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    tok = tokenizer()
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
-    config = CLIPTextConfig(vocab_size=len(tok.get_vocab()), hidden_size=32, intermediate_size=37,
-                            num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=MAX_LENGTH,
-                            bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id,
-                            eos_token_id=2 if legacy_eos else tok.eos_token_id)
-    model = CLIPTextModel(config).eval()
+    model = tiny.clip_text_encoder(layers, eos_token_id=2 if legacy_eos else None)
     # encode_prompt(clip_skip=…) reads text_encoder.text_model.final_layer_norm (transformers 4's layout)
     object.__setattr__(model, "text_model", types.SimpleNamespace(final_layer_norm=model.final_layer_norm))
     return model

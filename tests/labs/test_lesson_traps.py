@@ -349,6 +349,29 @@ LESSON_TRAPS = {
                "the counted UNet's batch sizes, call by call, are compared with the admission rules (max_rows in "
                "rows, list order, no overtaking); the message states the rules")),
     ],
+    "22_offload_schedule": [
+        ("Counting parameters only", trap("parameters only (buffers are moved too)")),
+        ("Counting elements, or 4 bytes per element",
+         trap("elements, not bytes (numel without element_size)", "4 bytes per element whatever the dtype",
+              "the first parameter's element size for every tensor")),
+        ("Offloading whatever ran last",
+         trap("the component that ran last released at each switch (not the chain predecessor)")),
+        ("Treating a component outside the chain like a chain member",
+         trap("components outside the chain released when another component runs")),
+        ("Breaking the chain at a missing component", trap("the chain broken at a missing component (image_encoder=None)")),
+        ("Forgetting the end of the call", trap("nothing released when the pipeline call ends")),
+        ("Offloading after every call",
+         trap("every component released before the next call (sequential-style offload)")),
+        ("A peak of one component", trap("peak as the largest single component on the device")),
+        ("Grouping blocks across lists or inside blocks",
+         trap("blocks grouped across lists (the model's lists chunked as one sequence)",
+              "lists found below the model's own children (every child searched for lists)")),
+        ("Ignoring a model's block modules",
+         trap("the model's block modules ignored (_group_offload_block_modules kept whole)")),
+        ("A peak without the resident part",
+         trap("peak of the largest group alone (the resident part left out)",
+              "bytes per forward of the groups only (the resident part assumed to stay between forwards)")),
+    ],
 }
 
 # Labs left out of the accounting, by lab-number prefix, each with why. Every lab is accounted for today.

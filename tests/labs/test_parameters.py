@@ -21,7 +21,7 @@ LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_cla
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
         "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts", "19_half_precision",
-        "20_first_block_cache", "21_serving_batcher"]
+        "20_first_block_cache", "21_serving_batcher", "22_offload_schedule"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"

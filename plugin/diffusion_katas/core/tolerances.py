@@ -91,6 +91,8 @@ REFERENCE_ERROR = ShadowRule(
 
 TIMESTEP_INDEX = Tol(0.0, 0.0, "DDIM/DDPM timesteps are int64 indices into the training schedule: "
                                "off by one is another noise level")
+COUNTED = Tol(0.0, 0.0, "bytes are counted (elements × bytes per element) and a schedule is a sequence of names: "
+                        "no arithmetic rounds, so the answer is exact or wrong")
 
 EMBED_ANGLE = Tol(
     2.5e-4, 0.0,

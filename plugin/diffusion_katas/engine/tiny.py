@@ -6,10 +6,14 @@ by submodule path, only when called: lab 01 never pays for the model imports.
 """
 from __future__ import annotations
 
+import functools
+
 # SD-like latent layout, scaled down: 4 latent channels, cross-attention over 32-wide text embeddings.
 LATENT_CHANNELS = 4
 TEXT_DIM = 32
 TEXT_TOKENS = 7
+# The tiny CLIP text stack's context length (SD's is 77).
+CLIP_MAX_LENGTH = 32
 
 
 def unet2d(sample_size: int = 16, channels: int = 3):
@@ -90,3 +94,32 @@ def flux_pipeline(guidance_embeds: bool):
                         text_encoder_2=None, tokenizer_2=None, transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@functools.cache
+def clip_tokenizer():
+    """A character-level CLIPTokenizer built offline: byte characters, their word-final forms, BOS, EOS
+    (EOS is the highest id and also the padding token, as in SD 1.x)."""
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    for c in chars:
+        vocab.setdefault(c + "</w>", len(vocab))
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_MAX_LENGTH)
+
+
+def clip_text_encoder(layers: int = 3, eos_token_id: int | None = None):
+    """A random CLIPTextModel for clip_tokenizer() (hidden 32, 4 heads, CLIP_MAX_LENGTH positions); eos_token_id
+    defaults to the tokenizer's (pass 2 for the pre-2023 configs, whose pooled output takes the argmax id)."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    tok = clip_tokenizer()
+    config = CLIPTextConfig(vocab_size=len(tok.get_vocab()), hidden_size=TEXT_DIM, intermediate_size=37,
+                            num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=CLIP_MAX_LENGTH,
+                            bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id if eos_token_id is None else eos_token_id)
+    return CLIPTextModel(config).eval()

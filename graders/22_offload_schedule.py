@@ -1,0 +1,577 @@
+"""Grader for lab 22 · Offload as a schedule, against the moves diffusers' and accelerate's offload hooks make.
+
+module_bytes is graded against get_memory_footprint() (diffusers' ModelMixin, transformers' PreTrainedModel) on
+tiny models in float32, float16, bfloat16 and a mixed-dtype UNet, and a CLIPTextModel with its int64 buffer.
+
+model_offload_trace: tiny pipelines (txt2img with and without CFG and a VAE decode, img2img, ControlNet, Flux with
+true CFG) run with enable_model_cpu_offload. On a machine without an accelerator the execution device is cpu:0,
+whose tensors report "cpu", so accelerate's own checks (`next(module.parameters()).device`) would see every
+component on the host: while each CpuOffload.pre_forward runs, the component and its chain predecessor answer
+with the placement their recorded moves gave them, and nothing else is changed. Every move is recorded where
+accelerate and diffusers make it (torch.nn.Module.to on a component, to the execution device or back to the
+host): accelerate's pre_forward decides what leaves and what comes in, maybe_free_model_hooks what goes back at
+the end. The learner gets the calls (one per pre_forward, in order), the components' get_memory_footprint() and
+model_cpu_offload_seq; the expected trace is read off the recorded moves.
+
+group_offload_plan: apply_group_offloading(offload_type="block_level") on a copy of each tiny model; the groups
+are diffusers' ModuleGroups (found through the hooks it registers), and one forward of the hooked copy, with every
+ModuleGroup.onload_ / offload_ recorded, gives the peak and the bytes moved in.
+"""
+import copy
+import warnings
+
+import torch
+
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import COUNTED
+from diffusion_katas.engine import tiny
+from diffusion_katas.engine.helpers import SD_BETAS, quiet_diffusers, seed_from
+
+HOST = torch.device("cpu")
+
+
+# ---- tiny models --------------------------------------------------------------------------------------
+def flux_transformer(dtype=torch.float32):
+    """A tiny FluxTransformer2DModel with 3 double-stream and 4 single-stream blocks (two ModuleLists)."""
+    from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
+
+    from diffusers.utils import logging
+
+    model = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=3, num_single_layers=4, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=16, pooled_projection_dim=8, guidance_embeds=False, axes_dims_rope=(2, 2, 4),
+    ).eval().requires_grad_(False)
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # .to(dtype) warns about _keep_in_fp32_modules, which this model has none of
+    try:
+        return model.to(dtype)
+    finally:
+        logging.set_verbosity(level)
+
+
+def mixed_unet():
+    """A float16 UNet whose GroupNorms stay float32 (as layerwise casting keeps norms wide): two element sizes."""
+    unet = tiny.unet_cond().half()
+    for module in unet.modules():
+        if isinstance(module, torch.nn.GroupNorm):
+            module.float()
+    return unet
+
+
+MODELS = {
+    "unet": lambda: tiny.unet_cond(),
+    "unet float16": lambda: tiny.unet_cond().half(),
+    "unet mixed float16/float32": mixed_unet,
+    "vae": lambda: tiny.vae(),
+    "clip text encoder": lambda: tiny.clip_text_encoder(2),
+    "flux": flux_transformer,
+    "flux bfloat16": lambda: flux_transformer(torch.bfloat16),
+}
+
+
+def forward(kind: str, model, g: torch.Generator) -> None:
+    """One forward of a float32 model from MODELS on random inputs."""
+    with torch.no_grad():
+        if kind == "flux":
+            tokens, text = 16, 5
+            model(hidden_states=torch.randn(1, tokens, 16, generator=g),
+                  encoder_hidden_states=torch.randn(1, text, 16, generator=g),
+                  pooled_projections=torch.randn(1, 8, generator=g), timestep=torch.rand(1, generator=g),
+                  img_ids=torch.zeros(tokens, 3), txt_ids=torch.zeros(text, 3))
+        elif kind == "unet":
+            model(torch.randn(1, tiny.LATENT_CHANNELS, 8, 8, generator=g), 500,
+                  encoder_hidden_states=tiny.text_embeddings(1, g))
+        elif kind == "clip text encoder":
+            model(torch.randint(0, model.config.vocab_size, (1, 9), generator=g))
+        elif kind == "vae":
+            model(torch.randn(1, 3, 16, 16, generator=g))
+        else:
+            raise ValueError(kind)
+
+
+# ---- module_bytes ----------------------------------------------------------------------------------------
+module_bytes = Kata(
+    "module_bytes",
+    hints=(
+        "What does `module.to(device)` carry over the bus? Every tensor the module owns, at the size it has in "
+        "memory.",
+        "Parameters and buffers (module.buffers(): CLIP's int64 position_ids); each t.numel() × t.element_size(), "
+        "since a model can mix float16 and float32.",
+        "return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])",
+    ),
+    answer_key=("diffusers.models.modeling_utils.ModelMixin.get_memory_footprint",
+                "transformers.modeling_utils.PreTrainedModel.get_memory_footprint",
+                "accelerate.utils.modeling.compute_module_sizes"),
+)
+
+BYTES_CASES = [dict(model=name) for name in MODELS]
+
+
+@module_bytes.check("vs get_memory_footprint()", cases=BYTES_CASES, tol=COUNTED)
+def _(case, g):
+    model = MODELS[case["model"]]()
+    return Scenario(inputs=dict(module=model), expected=model.get_memory_footprint(), label=case["model"])
+
+
+def _tensors(module, buffers=True):
+    return list(module.parameters()) + (list(module.buffers()) if buffers else [])
+
+
+@module_bytes.trap("parameters only (buffers are moved too)",
+                   hint="module.to() moves buffers as well: CLIPTextModel's position_ids is an int64 buffer, not a "
+                        "parameter. Sum over module.buffers() too.")
+def _(module):
+    return sum(t.numel() * t.element_size() for t in _tensors(module, buffers=False))
+
+
+@module_bytes.trap("elements, not bytes (numel without element_size)",
+                   hint="A float32 element takes 4 bytes, float16/bfloat16 2, int64 8: multiply each tensor's numel() "
+                        "by its element_size().")
+def _(module):
+    return sum(t.numel() for t in _tensors(module))
+
+
+@module_bytes.trap("4 bytes per element whatever the dtype",
+                   hint="Half-precision weights take 2 bytes an element (that is the point of loading them), an int64 "
+                        "buffer 8: use each tensor's own element_size().")
+def _(module):
+    return sum(t.numel() * 4 for t in _tensors(module))
+
+
+@module_bytes.trap("the first parameter's element size for every tensor",
+                   hint="A model can mix dtypes (float16 weights with float32 norms; float32 weights with an int64 "
+                        "buffer): take element_size() per tensor, not once for the model.")
+def _(module):
+    tensors = _tensors(module)
+    return sum(t.numel() for t in tensors) * tensors[0].element_size()
+
+
+# ---- model_offload_trace -----------------------------------------------------------------------------------
+class OffloadRecorder:
+    """Records, during a pipeline call under enable_model_cpu_offload, each component call (one CpuOffload
+    pre_forward) and each move of a component (torch.nn.Module.to to the execution device or back to the host),
+    in order. Without an accelerator the execution device is cpu:0, and accelerate's device checks read
+    `next(module.parameters()).device`, which is "cpu" for every CPU tensor: while a pre_forward runs, the
+    component and its chain predecessor answer with their recorded placement; accelerate's code decides the rest."""
+
+    def __init__(self, pipe):
+        self.names = {id(m): n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+        self.where = {n: HOST for n in self.names.values()}
+        self.events: list[tuple[str, str]] = []
+
+    def __enter__(self):
+        from accelerate.hooks import CpuOffload
+
+        self._to, self._pre_forward = torch.nn.Module.to, CpuOffload.pre_forward
+        recorder, module_to, pre_forward = self, self._to, self._pre_forward
+
+        def to(module, *args, **kwargs):
+            name = recorder.names.get(id(module))
+            device = kwargs.get("device", args[0] if args else None)
+            if name is not None and isinstance(device, (str, torch.device)):
+                place = torch.device(device)
+                place = HOST if place == HOST else place
+                if place != recorder.where[name]:
+                    recorder.events.append(("host" if place == HOST else "device", name))
+                    recorder.where[name] = place
+            return module_to(module, *args, **kwargs)
+
+        def placed(module):
+            return lambda recurse=True: iter([_Placed(recorder.where[recorder.names[id(module)]])])
+
+        def spy(hook, module, *args, **kwargs):
+            involved = [module] + ([hook.prev_module_hook.model] if hook.prev_module_hook is not None else [])
+            for m in involved:
+                m.__dict__["parameters"] = placed(m)
+            try:
+                result = pre_forward(hook, module, *args, **kwargs)
+            finally:
+                for m in involved:
+                    m.__dict__.pop("parameters", None)
+            recorder.events.append(("call", recorder.names[id(module)]))
+            return result
+
+        torch.nn.Module.to, CpuOffload.pre_forward = to, spy
+        return self
+
+    def __exit__(self, *exc):
+        from accelerate.hooks import CpuOffload
+
+        torch.nn.Module.to, CpuOffload.pre_forward = self._to, self._pre_forward
+        return False
+
+
+class _Placed:
+    """What accelerate reads off a component's first parameter: only its device."""
+
+    def __init__(self, device):
+        self.device = device
+
+
+def offload_pipeline(kind: str):
+    """A tiny pipeline of the named kind; the SD ones with a CLIP text encoder and tokenizer."""
+    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+
+    if kind == "flux":
+        pipe = tiny.flux_pipeline(guidance_embeds=False)
+        pipe.vae.register_to_config(shift_factor=0.0)  # FluxPipeline's decode adds it; the tiny VAE has none
+        return pipe
+    from diffusers import (ControlNetModel, StableDiffusionControlNetPipeline, StableDiffusionImg2ImgPipeline,
+                           StableDiffusionPipeline)
+
+    parts = dict(vae=tiny.vae(), text_encoder=tiny.clip_text_encoder(2), tokenizer=tiny.clip_tokenizer(),
+                 unet=tiny.unet_cond(), scheduler=DDIMScheduler(**SD_BETAS), safety_checker=None,
+                 feature_extractor=None, requires_safety_checker=False)
+    cls = {"txt2img": StableDiffusionPipeline, "img2img": StableDiffusionImg2ImgPipeline,
+           "controlnet": StableDiffusionControlNetPipeline}[kind]
+    if kind == "controlnet":
+        parts["controlnet"] = ControlNetModel.from_unet(parts["unet"], conditioning_embedding_out_channels=(4, 8))
+    with quiet_diffusers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = cls(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def offload_run(case: dict, g: torch.Generator):
+    """One pipeline call under enable_model_cpu_offload: (calls, sizes, offload_seq, recorded events)."""
+    pipe = offload_pipeline(case["pipeline"])
+    sizes = {n: m.get_memory_footprint() for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    generator = torch.Generator().manual_seed(seed_from(g))
+    steps = case["steps"]
+    if case["pipeline"] == "flux":
+        kwargs = dict(prompt_embeds=torch.randn(1, 5, 16, generator=g), pooled_prompt_embeds=torch.randn(1, 8, generator=g),
+                      negative_prompt_embeds=torch.randn(1, 5, 16, generator=g),
+                      negative_pooled_prompt_embeds=torch.randn(1, 8, generator=g), true_cfg_scale=case["guidance"],
+                      height=16, width=16)
+    else:
+        kwargs = dict(prompt="a red fox in the snow", negative_prompt="blurry", guidance_scale=case["guidance"])
+        if case["pipeline"] == "img2img":
+            kwargs.update(image=torch.rand(1, 3, 16, 16, generator=g), strength=case["strength"])
+        else:
+            kwargs.update(height=16, width=16)
+        if case["pipeline"] == "controlnet":
+            kwargs.update(image=torch.rand(1, 3, 16, 16, generator=g))
+    with quiet_diffusers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe.enable_model_cpu_offload(device="cpu")
+        with OffloadRecorder(pipe) as recorder, torch.no_grad():
+            pipe(num_inference_steps=steps, output_type=case["output"], generator=generator, **kwargs)
+    calls = [name for kind, name in recorder.events if kind == "call"]
+    return calls, sizes, pipe.model_cpu_offload_seq.split("->"), recorder.events
+
+
+def trace_from(events, sizes) -> dict:
+    """The expected trace, read off the recorded moves: the moves before a call are that call's; the moves after
+    the last call are maybe_free_model_hooks'; the peak is the most bytes on the device after any move."""
+    on, moved_in, moved_out = set(), 0, 0
+    out = dict(resident=[], to_device=[], to_host=[], peak_bytes=0, released=0)
+    for kind, name in events:
+        if kind == "call":
+            out["resident"].append(sorted(on))
+            out["to_device"].append(moved_in)
+            out["to_host"].append(moved_out)
+            moved_in = moved_out = 0
+        elif kind == "device":
+            on.add(name)
+            moved_in += sizes[name]
+            out["peak_bytes"] = max(out["peak_bytes"], sum(sizes[n] for n in on))
+        else:
+            on.discard(name)
+            moved_out += sizes[name]
+    assert not on, f"components left on the device after the pipeline call: {sorted(on)}"
+    out["released"] = moved_out
+    return out
+
+
+model_offload_trace = Kata(
+    "model_offload_trace",
+    hints=(
+        "Walk the calls keeping the set of components on the device. What makes a component leave? Not that "
+        "something else runs: only that the NEXT component of the chain runs (or the pipeline call ends).",
+        "chain = the offload_seq names present in sizes; pred[chain[i+1]] = chain[i]. Per call c: if pred.get(c) is "
+        "on the device, it leaves (to_host); if c is not on the device, it comes in (to_device). Components outside "
+        "the chain never leave before the end; at the end, everything still there is released.",
+        "order = [n for n in offload_seq if n in sizes]; pred = dict(zip(order[1:], order)); on = set(); for c in "
+        "calls: out_ = sizes[pred[c]] if pred.get(c) in on else 0 (and on.discard); in_ = 0 if c in on else "
+        "sizes[c] (and on.add); record sorted(on), in_, out_, peak = max(peak, sum(sizes[n] for n in on)); "
+        "released = sum(sizes[n] for n in on)",
+    ),
+    answer_key=("accelerate.hooks.CpuOffload.pre_forward", "accelerate.big_modeling.cpu_offload_with_hook",
+                "diffusers.pipelines.pipeline_utils.DiffusionPipeline.enable_model_cpu_offload"),
+)
+
+TRACE_CASES = [
+    # CFG: the text encoder runs twice (prompt, negative prompt); image_encoder is missing from the chain
+    dict(pipeline="txt2img", guidance=5.0, steps=3, output="pt"),
+    # no CFG, latents out: one text encoder call and no VAE call, so the UNet is what the end releases
+    dict(pipeline="txt2img", guidance=1.0, steps=2, output="latent"),
+    # the VAE encodes before the loop: the chain releases only the text encoder, the VAE stays through the loop
+    dict(pipeline="img2img", guidance=4.0, steps=4, strength=0.75, output="pt"),
+    # the ControlNet is outside the chain: in at its first call, out only at the end
+    dict(pipeline="controlnet", guidance=3.0, steps=3, output="pt"),
+    # another chain (text_encoder->text_encoder_2->transformer->vae) with no text encoders; true CFG: two calls a step
+    dict(pipeline="flux", guidance=2.0, steps=3, output="pt"),
+]
+
+
+@model_offload_trace.check("vs the moves accelerate's hooks make in a pipeline call", cases=TRACE_CASES, tol=COUNTED)
+def _(case, g):
+    calls, sizes, seq, events = offload_run(case, g)
+    label = f"{case['pipeline']}, {case['steps']} steps, guidance {case['guidance']:g}, output {case['output']}"
+    return Scenario(inputs=dict(calls=calls, sizes=sizes, offload_seq=seq), expected=trace_from(events, sizes),
+                    label=label)
+
+
+def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_release=False, per_call=False,
+           off_chain_released=False, peak_largest=False):
+    order = list(offload_seq) if full_seq else [n for n in offload_seq if n in sizes]
+    pred = dict(zip(order[1:], order))
+    on, last = set(), None
+    out = dict(resident=[], to_device=[], to_host=[], peak_bytes=0, released=0)
+    for c in calls:
+        moved_out = moved_in = 0
+        if per_call:
+            leaving = set(on)
+        elif release_last:
+            leaving = {last} if last is not None and last != c else set()
+        else:
+            leaving = {pred[c]} if pred.get(c) in on else set()
+            if off_chain_released:
+                leaving |= {n for n in on if n not in order and n != c}
+        for n in leaving & on:
+            on.discard(n)
+            moved_out += sizes[n]
+        if c not in on:
+            on.add(c)
+            moved_in = sizes[c]
+        out["resident"].append(sorted(on))
+        out["to_device"].append(moved_in)
+        out["to_host"].append(moved_out)
+        now = max(sizes[n] for n in on) if peak_largest else sum(sizes[n] for n in on)
+        out["peak_bytes"] = max(out["peak_bytes"], now)
+        last = c
+    out["released"] = 0 if no_release else sum(sizes[n] for n in on)
+    return out
+
+
+@model_offload_trace.trap("the component that ran last released at each switch (not the chain predecessor)",
+                          hint="accelerate's hook on c offloads only c's predecessor in model_cpu_offload_seq. In "
+                               "img2img the VAE encodes before the loop and nothing releases it until the end; with a "
+                               "ControlNet, the UNet and the ControlNet stay side by side.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, release_last=True)
+
+
+@model_offload_trace.trap("the chain broken at a missing component (image_encoder=None)",
+                          hint="diffusers skips a name of model_cpu_offload_seq the pipeline does not have: with "
+                               "image_encoder=None the UNet's predecessor is the text encoder, which leaves when the "
+                               "UNet first runs.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, full_seq=True)
+
+
+@model_offload_trace.trap("nothing released when the pipeline call ends",
+                          hint="The pipeline calls maybe_free_model_hooks() before it returns: every component still on "
+                               "the device goes back to the host. `released` is their bytes.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, no_release=True)
+
+
+@model_offload_trace.trap("every component released before the next call (sequential-style offload)",
+                          hint="Model offload keeps a component on the device until the chain moves on: the UNet comes "
+                               "in once and its later steps move nothing. Leaving after each call is what sequential "
+                               "(and group) offload do, at a cost in traffic every step.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, per_call=True)
+
+
+@model_offload_trace.trap("components outside the chain released when another component runs",
+                          hint="A component outside model_cpu_offload_seq (the ControlNet) gets a hook with no "
+                               "predecessor and is no one's predecessor: once in, it stays until the pipeline call "
+                               "ends, next to the UNet.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, off_chain_released=True)
+
+
+@model_offload_trace.trap("peak as the largest single component on the device",
+                          hint="The peak is the sum of everything on the device at once: the text encoder and the VAE "
+                               "together in img2img, the UNet and the ControlNet through the ControlNet loop.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, peak_largest=True)
+
+
+# ---- group_offload_plan --------------------------------------------------------------------------------------
+class _GroupRecorder:
+    """Records every ModuleGroup.onload_ / offload_ while active (the class's methods, restored on exit)."""
+
+    def __enter__(self):
+        from diffusers.hooks.group_offloading import ModuleGroup
+
+        self.events, self._methods = [], (ModuleGroup.onload_, ModuleGroup.offload_)
+        onload, offload, events = *self._methods, self.events
+
+        def onload_(group):
+            events.append(("in", group))
+            return onload(group)
+
+        def offload_(group):
+            events.append(("out", group))
+            return offload(group)
+
+        ModuleGroup.onload_, ModuleGroup.offload_ = onload_, offload_
+        return self
+
+    def __exit__(self, *exc):
+        from diffusers.hooks.group_offloading import ModuleGroup
+
+        ModuleGroup.onload_, ModuleGroup.offload_ = self._methods
+        return False
+
+
+def _group_bytes(group) -> int:
+    tensors = {id(t): t for m in group.modules for t in _tensors(m)}
+    tensors.update({id(t): t for t in [*group.parameters, *group.buffers]})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def group_reference(kind: str, model, num_blocks_per_group: int, g: torch.Generator) -> dict:
+    """apply_group_offloading(block_level) on a copy of `model`; its block groups, and one forward's peak and
+    bytes moved in, from the recorded onload_/offload_."""
+    from diffusers.hooks.group_offloading import _GROUP_OFFLOADING, apply_group_offloading
+
+    work = copy.deepcopy(model)
+    apply_group_offloading(work, onload_device=HOST, offload_device=HOST, offload_type="block_level",
+                           num_blocks_per_group=num_blocks_per_group)
+    names = {id(m): n for n, m in work.named_modules()}
+    groups = []
+    for module in work.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        hook = registry.get_hook(_GROUP_OFFLOADING) if registry is not None else None
+        if hook is not None and all(hook.group is not seen for seen in groups):
+            groups.append(hook.group)
+    with _GroupRecorder() as recorder:
+        forward(kind, work, g)
+    size = {id(group): _group_bytes(group) for group in groups}
+    on = peak = moved = 0
+    for what, group in recorder.events:
+        if what == "in":
+            on, moved = on + size[id(group)], moved + size[id(group)]
+            peak = max(peak, on)
+        else:
+            on -= size[id(group)]
+    assert on == 0, "a group left on the device after the forward"
+    # A block group is led by its own first block; a resident part by the module that owns it (not one of its modules).
+    blocks = [[names[id(m)] for m in group.modules] for group in groups
+              if any(group.onload_leader is m for m in group.modules)]
+    return dict(groups=blocks, peak_bytes=peak, bytes_per_forward=moved)
+
+
+group_offload_plan = Kata(
+    "group_offload_plan",
+    hints=(
+        "Which of the model's own children are lists of blocks? Cut each into groups; everything else stays for the "
+        "whole forward. Then: what is on the device at the worst moment, and what crosses the bus in one forward?",
+        "for name, child in model.named_children(): if it is a ModuleList/Sequential: groups of num_blocks_per_group "
+        "consecutive blocks, named f'{name}.{i}'. resident = module_bytes(model) − bytes of all groups; peak = "
+        "resident + the largest group; bytes_per_forward = module_bytes(model).",
+        "groups, sizes = [], []; for name, child in model.named_children(): if isinstance(child, (nn.ModuleList, "
+        "nn.Sequential)): for s in range(0, len(child), n): blocks = child[s:s + n]; groups.append([f'{name}.{s + i}' "
+        "for i in range(len(blocks))]); sizes.append(sum(module_bytes(b) for b in blocks)); total = "
+        "module_bytes(model); return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), "
+        "bytes_per_forward=total)",
+    ),
+    answer_key=("diffusers.hooks.group_offloading.apply_group_offloading",
+                "diffusers.hooks.group_offloading._apply_group_offloading_block_level"),
+)
+
+GROUP_CASES = [
+    dict(model="flux", num_blocks_per_group=1),
+    # 3 double-stream blocks and 4 single, 2 a group: the first list ends on a group of one, never topped up
+    # from the second list
+    dict(model="flux", num_blocks_per_group=2),
+    dict(model="flux", num_blocks_per_group=3),
+    dict(model="unet", num_blocks_per_group=1),
+    dict(model="unet", num_blocks_per_group=2),
+    # CLIP's layers sit inside `encoder`: no list among the model's own children, so one resident part
+    dict(model="clip text encoder", num_blocks_per_group=1),
+    dict(model="vae", num_blocks_per_group=1),
+]
+
+
+@group_offload_plan.check("vs apply_group_offloading(block_level) and the groups it moves in a forward",
+                          cases=GROUP_CASES, tol=COUNTED)
+def _(case, g):
+    model = MODELS[case["model"]]()
+    n = case["num_blocks_per_group"]
+    expected = group_reference(case["model"], model, n, g)
+    return Scenario(inputs=dict(model=model, num_blocks_per_group=n), expected=expected,
+                    label=f"{case['model']}, {n} block{'s' if n > 1 else ''} per group")
+
+
+def _plan(model, num_blocks_per_group, *, across=False, nested=False, no_resident=False, blocks_only=False,
+          no_block_modules=False):
+    nbytes = lambda m: sum(t.numel() * t.element_size() for t in _tensors(m))  # noqa: E731
+    block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
+    groups = []
+
+    def plan(module, prefix):
+        on_top, grouped, lists = [], 0, []
+        for name, child in module.named_children():
+            if name in block_modules or (nested and not isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))
+                                         and any(True for _ in child.children())):
+                on_top.append(plan(child, f"{prefix}{name}."))
+                grouped += nbytes(child)
+            elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+                lists.append([(f"{prefix}{name}.{i}", block) for i, block in enumerate(child)])
+        for items in [[item for items in lists for item in items]] if across else lists:
+            for s in range(0, len(items), num_blocks_per_group):
+                chunk = items[s:s + num_blocks_per_group]
+                groups.append([n for n, _ in chunk])
+                on_top.append(sum(nbytes(b) for _, b in chunk))
+                grouped += on_top[-1]
+        return (0 if no_resident else nbytes(module) - grouped) + max(on_top, default=0)
+
+    peak = plan(model, "")
+    total = nbytes(model)
+    return dict(groups=groups, peak_bytes=peak,
+                bytes_per_forward=sum(nbytes(model.get_submodule(n)) for group in groups for n in group)
+                if blocks_only else total)
+
+
+@group_offload_plan.trap("blocks grouped across lists (the model's lists chunked as one sequence)",
+                         hint="Groups are cut per ModuleList: with 3 double-stream and 4 single-stream blocks and 2 "
+                              "per group, the groups are [0, 1], [2] of the first list and [0, 1], [2, 3] of the "
+                              "second, never the first list's 2 with the second list's 0.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, across=True)
+
+
+@group_offload_plan.trap("lists found below the model's own children (every child searched for lists)",
+                         hint="Block-level offloading looks only at the model's own children (named_children()): a "
+                              "list inside a block (CLIP's encoder.layers, an attention's to_out) moves with its block "
+                              "or with the resident part.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, nested=True)
+
+
+@group_offload_plan.trap("peak of the largest group alone (the resident part left out)",
+                         hint="What is not in a group (embeddings, norms, conv_in/out, a mid block) comes in at the "
+                              "start of the forward and stays to its end: the peak is that plus the largest group.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, no_resident=True)
+
+
+@group_offload_plan.trap("bytes per forward of the groups only (the resident part assumed to stay between forwards)",
+                         hint="The resident part is a group too, offloaded when the model's forward returns: every "
+                              "forward brings in the whole model.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, blocks_only=True)
+
+
+@group_offload_plan.trap("the model's block modules ignored (_group_offload_block_modules kept whole)",
+                         hint="AutoencoderKL names block modules (model._group_offload_block_modules: encoder, decoder, "
+                              "quant_conv, post_quant_conv): each is planned like a model of its own during its forward, "
+                              "so the encoder's down_blocks are groups and only one part of the VAE is in at a time.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, no_block_modules=True)
