@@ -185,6 +185,17 @@ def test_a_hint_tier_comes_after_a_failed_grading_since_the_one_before(two_runs,
     assert remembered[f"{AGAIN}::{FIRST}"]["shown"] == 3
 
 
+def test_kata_hint_goes_on_from_the_tiers_the_failure_messages_showed(two_runs, tmp_path, capsys):
+    # one record for both: after failures whose messages showed tiers 2 and 3, `kata hint` shows them too
+    root = copy(two_runs[0], tmp_path / "c")
+    for tier in (2, 3):
+        graded = pytest_in(root, f"katas/{AGAIN}.py", "-q", "--kata-function", FIRST)
+        assert f"hint {tier} (" in graded.stdout and f"hint {tier + 1} (" not in graded.stdout, graded.stdout
+    code, out, err = run(capsys, "hint", FIRST, "--lab", AGAIN, "--root", str(root))
+    assert code == 0, err
+    assert "hint 3 (near code)" in out
+
+
 def test_tiers_are_per_function(two_runs, tmp_path, capsys):
     root = copy(two_runs[0], tmp_path / "c")
     data = saved(root)

@@ -203,6 +203,15 @@ def test_a_learner_copy_grades_resets_and_explains_with_no_solutions_in_it(tmp_p
     assert explained.returncode == 0 and "Traps:" in explained.stdout, explained.stderr
 
 
+def test_a_learner_copy_made_outside_a_course_copies_the_checkout_the_package_is_installed_from(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    made = kata(outside, "learner-copy", str(tmp_path / "course"), "--labs", "01")
+    assert made.returncode == 0, made.stderr
+    assert f"from the course this package is installed from ({REPO})" in made.stdout
+    assert (tmp_path / "course" / "katas" / "01_forward_noise.py").is_file()
+
+
 @pytest.mark.skipif(not shutil.which("git"), reason="needs git")
 def test_a_plain_install_runs_from_a_course_checkout_never_from_site_packages(tmp_path):
     """`pip install .` (not -e) into a venv that sees this machine's torch and diffusers: the commands and

@@ -58,9 +58,16 @@ def test_budgets_selected_alone_run_their_functions_checks_once(toy):
 def test_the_progress_line_names_what_a_selection_left_out(toy):
     toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
     result = toy.run("katas", "--kata-function", "double")
-    result.stdout.fnmatch_lines(["*not graded in this run (deselected): 2 function(s) (`normalize`, `stay_put`)*",
+    result.stdout.fnmatch_lines(["*1/1 *#  (of the lab's 3 functions: 2 not graded in this run)*",
+                                 "*not graded in this run (deselected): 2 function(s) (`normalize`, `stay_put`)*",
                                  "*every graded check passes.*"])
     assert "every visible check passes" not in result.stdout.str()
+
+
+def test_a_whole_lab_graded_has_no_note_on_its_progress_row(toy):
+    toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
+    result = toy.run("katas")
+    assert "not graded in this run" not in result.stdout.str()
 
 
 def test_an_untouched_function_shows_its_budget_as_todo(toy):

@@ -99,15 +99,26 @@ def test_hints_are_revealed_one_more_tier_per_repeated_failure(toy):
     assert "hint 3 (near code): near code: return x * 2" in third
 
 
-def test_passing_resets_the_hint_tier(toy):
+def test_a_hint_tier_once_shown_stays_shown_after_the_function_passes(toy):
     toy.kata(double="return x * 3")
     toy.run("katas")
-    toy.run("katas")
+    toy.run("katas")  # hint 2 shown
     toy.kata(double="return x * 2")
     toy.run("katas")
     toy.kata(double="return x * 3")
-    out = toy.run("katas").stdout.str()
-    assert "hint 1 (nudge)" in out and "hint 2 (" not in out
+    out = toy.run("katas").stdout.str()  # failing again earns one more tier; none is taken back
+    assert "hint 2 (the math)" in out and "hint 3 (near code)" in out
+
+
+def test_the_tiers_a_failure_shows_are_remembered_for_kata_hint(toy):
+    import json
+
+    toy.kata(double="return x * 3")
+    toy.run("katas")
+    toy.run("katas")
+    remembered = json.loads((toy.pytester.path / ".kata" / "hints.json").read_text(encoding="utf-8"))
+    (key,) = [k for k in remembered if k.endswith("::double")]
+    assert remembered[key]["shown"] == 2 and remembered[key]["failures"] == 2
 
 
 def test_kata_hints_shows_the_asked_number_of_tiers_at_once(toy):

@@ -113,11 +113,25 @@ def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None)
     return chosen
 
 
+def _source_course(args) -> tuple[Course, str]:
+    """The course to copy, and how it was found: --root, the course at or above the working directory, or else
+    the course checkout this package is installed from (an editable install), which holds solutions/."""
+    if args.root is not None:
+        return _course(args), ""
+    try:
+        return Course.find(), ""
+    except CourseNotFound as exc:
+        home = Path(__file__).resolve().parents[3]  # plugin/diffusion_katas/commands/ -> the checkout
+        if Course.is_course(home) and lab_files(home / "solutions"):
+            return Course(home), f" from the course this package is installed from ({home})"
+        raise MaintainerError(str(exc)) from None
+
+
 def cmd_learner_copy(args) -> int:
-    course = _course(args)
+    course, found = _source_course(args)
     labs = [course.resolve_lab(name) for value in (args.labs or []) for name in value.split(",") if name.strip()]
     chosen = build_learner_copy(course, Path(args.out), labs)
-    print(f"wrote a learner's copy of {len(chosen)} lab(s) to {args.out} (no solutions in it): "
+    print(f"wrote a learner's copy of {len(chosen)} lab(s){found} to {args.out} (no solutions in it): "
           f"cd {args.out} && python3 -m pytest katas")
     return 0
 
@@ -147,5 +161,6 @@ def add_commands(commands) -> None:
                                         "a README for learners and a pytest.ini; solutions/ is left out.")
     p.add_argument("out", metavar="OUT", help="a new (or empty) folder")
     p.add_argument("--labs", action="append", metavar="LABS", help="only these labs (numbers or names, comma lists)")
-    p.add_argument("--root", default=None, help="the course folder (default: found from the working directory)")
+    p.add_argument("--root", default=None, help="the course folder (default: found from the working directory, else "
+                                                "the checkout this package is installed from)")
     p.set_defaults(run=_guarded(cmd_learner_copy))

@@ -29,8 +29,8 @@ SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (inst
 REUSE_HELP = ("Keep each check's built references between gradings in this process and reuse them where "
               "the case and the random states are the same (the warm grader of `kata watch` passes it)")
 SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
-HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more tier each time the same "
-              "function fails again")
+HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more than you have seen (here or with "
+              "`kata hint`) each time the function fails")
 GRADESCOPE_HELP = "Write Gradescope's results.json to PATH (one test per kata function, points as declared)"
 HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor seed "
                     "(default: $KATA_HIDDEN_SEED)")
@@ -121,8 +121,10 @@ def pytest_configure(config: pytest.Config) -> None:
         hidden_output=config.getoption("kata_hidden_output"),
         reuse_builds=config.getoption("kata_reuse_builds"),
     )
-    if getattr(config, "cache", None) is not None:  # absent under -p no:cacheprovider
-        session.failures = dict(config.cache.get("katas/failures", {}))
+    if session.keeps_record:  # the learner's own runs: hints go on from the tiers they have seen
+        from diffusion_katas.core import tiers
+
+        session.tiers = tiers.load(course.hints_path)
     config.stash[state.SESSION] = session
     # Undone last (cleanups run newest first, and ours is older than pytest's unraisable-exception cleanup,
     # whose five gc.collect() calls walked torch's and diffusers' whole heap: 1.3 s of a 1.9 s warm grading).

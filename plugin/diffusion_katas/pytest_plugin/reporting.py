@@ -102,12 +102,18 @@ def hint_lines(item, first_only: bool = False) -> list[str]:
     hints = item.kata.hints
     if not hints:
         return []
+    key = f"{item.lab}::{item.kata.name}"
     if first_only:
         tiers = 1
-    elif session.hint_tiers is not None:
-        tiers = session.hint_tiers
     else:
-        tiers = min(len(hints), session.failures.get(f"{item.lab}::{item.kata.name}", 0) + 1)
+        # One tier per failed grading, on from what this learner has seen (here or through `kata hint`); every
+        # message of this grading shows the same tiers.
+        from diffusion_katas.core.tiers import on_failure
+
+        if key not in session.tiers_now:
+            session.tiers_now[key] = (min(len(hints), session.hint_tiers) if session.hint_tiers is not None
+                                      else on_failure(session.tiers, key, len(hints)))
+        tiers = session.tiers_now[key]
     names = ("nudge", "the math", "near code")
     lines = [f"  hint {i + 1} ({names[i] if i < 3 else 'more'}): {h}" for i, h in enumerate(hints[:tiers])]
     if tiers < len(hints) and not first_only:
@@ -222,6 +228,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             tr.write_line(f"  {report.longrepr}")
     tr.write_sep("=", "kata progress", cyan=True, bold=True)
     width = max(len(title) for title, _ in labs.values())
+    unselected = _unselected_functions(session, labs)
     next_up = None
     for lab, (title, functions) in labs.items():
         solved = sum(s == "passed" for s in functions.values())
@@ -230,7 +237,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             tr.write_line(f"  {title:<{width}}  skipped")
             continue
         bar = "#" * solved + "." * (total - solved)
-        tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}", green=solved == total)
+        # A selection grades part of a lab: say of how many, so "1/1" never reads as the whole lab.
+        part = (f"  (of the lab's {len(functions) + unselected[lab]} functions: {unselected[lab]} not graded in "
+                f"this run)" if unselected.get(lab) else "")
+        tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}{part}", green=solved == total and not part)
         for function, status in functions.items():
             if next_up is None and status in ("todo", "failed", "waiting", "over budget"):
                 next_up = (lab, function, status)
@@ -280,6 +290,16 @@ def pytest_deselected(items) -> None:
                 session.deselected.append((item.lab, item.kata.name, item.check_name))
 
 
+def _unselected_functions(session, labs) -> dict[str, int]:
+    """Per lab, how many of its functions a selection left out entirely."""
+    graded = {(lab, f) for lab, (_title, functions) in labs.items() for f in functions}
+    left = {(lab, function) for lab, function, _check in session.deselected if (lab, function) not in graded}
+    counts: dict[str, int] = {}
+    for lab, _function in left:
+        counts[lab] = counts.get(lab, 0) + 1
+    return counts
+
+
 def _not_graded(session, labs) -> str:
     """The functions (or checks of graded functions) a selection left out, in a few words."""
     if not session.deselected:
@@ -300,7 +320,7 @@ def _not_graded(session, labs) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    """Write --kata-json and --gradescope; remember consecutive failures per function for progressive hints."""
+    """Write --kata-json and --gradescope; keep the learner's record and the hint tiers shown."""
     config = session.config
     kata_session = config.stash.get(state.SESSION, None)
     if kata_session is None:
@@ -317,17 +337,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             write_json(kata_session.gradescope_path, run.gradescope(found))
     if kata_session.keeps_record and kata_session.results and not kata_session.interrupted:
         _keep_record(kata_session, run)
-    if getattr(config, "cache", None) is None or not kata_session.results:
+        _keep_tiers(kata_session)
+
+
+def _keep_tiers(kata_session: state.KataSession) -> None:
+    """Remember the hint tiers this run's failure messages showed (core/tiers.py), with the failed-grading
+    counts the record now holds, so that `kata hint` goes on from them."""
+    if not kata_session.tiers_now:
         return
-    failures = dict(kata_session.failures)
-    for lab, (_title, functions) in run.progress().items():
-        for function, status in functions.items():
-            key = f"{lab}::{function}"
-            if status == Status.FAILED:  # over budget is correct: it does not use up a correctness hint tier
-                failures[key] = failures.get(key, 0) + 1
-            elif status == Status.PASSED:
-                failures.pop(key, None)
-    config.cache.set("katas/failures", failures)
+    from diffusion_katas.core import record, tiers
+
+    course = kata_session.course
+    saved = record.load(course)
+    for key, tier in kata_session.tiers_now.items():
+        lab, function = key.split("::", 1)
+        tiers.note_shown(kata_session.tiers, key, tier, record.failed_gradings(saved, lab, function))
+    try:
+        tiers.save(course.hints_path, kata_session.tiers)
+    except OSError:  # a course folder that cannot be written to loses the memory, never the run
+        pass
 
 
 def _keep_record(kata_session: state.KataSession, run) -> None:

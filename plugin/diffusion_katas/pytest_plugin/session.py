@@ -24,8 +24,10 @@ class KataSession:
     hidden_seed: int | None = None
     hidden_cases: dict = field(default_factory=dict)
     hidden_output: str = "name-only"  # or "full"
-    # Consecutive failures per "lab::function", from the pytest cache: drives progressive hints.
-    failures: dict[str, int] = field(default_factory=dict)
+    # The hint tiers the learner has seen (core/tiers.py: .kata/hints.json, shared with `kata hint`), and the
+    # tiers this run's failure messages show, per "lab::function".
+    tiers: dict[str, dict] = field(default_factory=dict)
+    tiers_now: dict[str, int] = field(default_factory=dict)
     # One entry per graded item, in run order.
     results: list[Result] = field(default_factory=list)
     # Per lab, its files as they were when its first item started (for .kata/last-grading.json).

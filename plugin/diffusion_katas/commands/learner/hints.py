@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from diffusion_katas.commands.running import first_unsolved, lab_entry, next_todo, read_json, write_json
+from diffusion_katas.commands.running import first_unsolved, lab_entry, next_todo
 from diffusion_katas.commands.learner.workspace import LearnerError
-from diffusion_katas.core import record
+from diffusion_katas.core import record, tiers
 from diffusion_katas.core.course import Course
 
 TIER_NAMES = ("nudge", "the math", "near code")
@@ -88,37 +88,13 @@ def hints_or_empty(course: Course, lab: str) -> dict:
 
 
 # ---- what the learner has seen, and what they have earned -------------------------------------------------
-# .kata/hints.json: {"lab::function": {"shown": tiers shown, "failures": failed gradings of the function
-# (core/record.py) when the last of them was shown}}. A tier is earned by a failed attempt at the one
-# before: tier 1 is free, tier n+1 needs one more failed grading of the function than when tier n was
-# shown (tier 3: two failed gradings after tier 1). A grading that is only over budget is correct: it
-# earns no correctness tier.
-def load_revealed(course: Course) -> dict[str, dict]:
-    data = read_json(course.hints_path)
-    if not isinstance(data, dict):
-        return {}
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, int):  # the earlier format: tiers shown
-            out[key] = {"shown": value, "failures": None}
-        elif isinstance(value, dict) and isinstance(value.get("shown"), int):
-            failures = value.get("failures")
-            out[key] = {"shown": value["shown"], "failures": failures if isinstance(failures, int) else None}
-    return out
-
-
-def failures_cache(course: Course) -> dict[str, int]:
-    """Consecutive failures per "lab::function" from pytest's cache: pytest itself shows one more tier with
-    each failure of the same function (--kata-hints), so those tiers have been seen and earned."""
-    data = read_json(course.root / ".pytest_cache" / "v" / "katas" / "failures")
-    return {k: int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
-
-
+# One record for pytest's failure messages and `kata hint` (core/tiers.py, .kata/hints.json): tier 1 is free;
+# each failed grading of the function earns one more tier than was shown before it, revealed by whichever
+# comes first, its failure message or `kata hint`. A grading that is only over budget is correct: it earns no
+# correctness tier. Tiers once shown stay shown.
 def tiers_seen(course: Course, lab: str, function: str, available: int) -> int:
-    """Tiers the learner has already seen: through `kata hint`, or with pytest's repeated failures."""
-    key = f"{lab}::{function}"
-    shown = load_revealed(course).get(key, {}).get("shown", 0)
-    return min(available, max(shown, failures_cache(course).get(key, 0)))
+    """Tiers the learner has already seen, in failure messages or through `kata hint`."""
+    return tiers.shown(tiers.load(course.hints_path), f"{lab}::{function}", available)
 
 
 def reveal(course: Course, report: dict | None, lab: str, function: str, available: int,
@@ -127,14 +103,11 @@ def reveal(course: Course, report: dict | None, lab: str, function: str, availab
     than before if a failed grading of the function came since the last was shown (every tier with
     `everything`, `kata hint --all`)."""
     key = f"{lab}::{function}"
-    revealed = load_revealed(course)
+    revealed = tiers.load(course.hints_path)
     mine = revealed.get(key, {"shown": 0, "failures": None})
     failed = record.failed_gradings(report, lab, function)
     shown = min(available, mine["shown"])
-    at = mine["failures"]
-    cached = min(available, failures_cache(course).get(key, 0))
-    if cached > shown or at is None:  # pytest showed these with its failures, or an old hints.json: earned now
-        shown, at = max(shown, cached), failed
+    at = failed if mine["failures"] is None else mine["failures"]  # an old hints.json: what it shows is earned
     if everything:
         tier = available
     elif shown == 0:
@@ -143,10 +116,8 @@ def reveal(course: Course, report: dict | None, lab: str, function: str, availab
         tier = shown + 1
     else:
         tier = shown
-    if tier > shown:
-        at = failed
-    revealed[key] = {"shown": max(tier, shown), "failures": at}
-    write_json(course.hints_path, revealed)
+    revealed[key] = {"shown": max(tier, shown), "failures": failed if tier > shown else at}
+    tiers.save(course.hints_path, revealed)
     return tier, tier < available and not failed > at
 
 
