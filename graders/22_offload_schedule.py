@@ -117,9 +117,10 @@ def _tensors(module, buffers=True):
     return list(module.parameters()) + (list(module.buffers()) if buffers else [])
 
 
-@module_bytes.trap("parameters only (buffers are moved too)",
+@module_bytes.trap("parameters only, or state_dict() (every buffer is moved, non-persistent ones too)",
                    hint="module.to() moves buffers as well: CLIPTextModel's position_ids is an int64 buffer, not a "
-                        "parameter. Sum over module.buffers() too.")
+                        "parameter, and a non-persistent one, so state_dict() leaves it out too. Sum over "
+                        "module.parameters() and module.buffers().")
 def _(module):
     return sum(t.numel() * t.element_size() for t in _tensors(module, buffers=False))
 
@@ -324,7 +325,7 @@ def _(case, g):
 
 
 def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_release=False, per_call=False,
-           off_chain_released=False, peak_largest=False):
+           off_chain_released=False, peak_largest=False, release_last_called=False):
     order = list(offload_seq) if full_seq else [n for n in offload_seq if n in sizes]
     pred = dict(zip(order[1:], order))
     on, last = set(), None
@@ -351,7 +352,7 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
         now = max(sizes[n] for n in on) if peak_largest else sum(sizes[n] for n in on)
         out["peak_bytes"] = max(out["peak_bytes"], now)
         last = c
-    out["released"] = 0 if no_release else sum(sizes[n] for n in on)
+    out["released"] = 0 if no_release else sizes[calls[-1]] if release_last_called else sum(sizes[n] for n in on)
     return out
 
 
@@ -395,10 +396,17 @@ def _(calls, sizes, offload_seq):
 
 
 @model_offload_trace.trap("peak as the largest single component on the device",
-                          hint="The peak is the sum of everything on the device at once: the text encoder and the VAE "
-                               "together in img2img, the UNet and the ControlNet through the ControlNet loop.")
+                          hint="The peak is the sum of everything on the device at once: the UNet and the VAE together "
+                               "through img2img's loop, the UNet and the ControlNet through the ControlNet loop.")
 def _(calls, sizes, offload_seq):
     return _trace(calls, sizes, offload_seq, peak_largest=True)
+
+
+@model_offload_trace.trap("only the last component called released at the end",
+                          hint="maybe_free_model_hooks sends back everything still on the device, not only the last "
+                               "component: a ControlNet (outside the chain) is still there next to the VAE.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, release_last_called=True)
 
 
 # ---- group_offload_plan --------------------------------------------------------------------------------------
@@ -470,16 +478,21 @@ def group_reference(kind: str, model, num_blocks_per_group: int, g: torch.Genera
 group_offload_plan = Kata(
     "group_offload_plan",
     hints=(
-        "Which of the model's own children are lists of blocks? Cut each into groups; everything else stays for the "
-        "whole forward. Then: what is on the device at the worst moment, and what crosses the bus in one forward?",
-        "for name, child in model.named_children(): if it is a ModuleList/Sequential: groups of num_blocks_per_group "
-        "consecutive blocks, named f'{name}.{i}'. resident = module_bytes(model) − bytes of all groups; peak = "
-        "resident + the largest group; bytes_per_forward = module_bytes(model).",
-        "groups, sizes = [], []; for name, child in model.named_children(): if isinstance(child, (nn.ModuleList, "
-        "nn.Sequential)): for s in range(0, len(child), n): blocks = child[s:s + n]; groups.append([f'{name}.{s + i}' "
-        "for i in range(len(blocks))]); sizes.append(sum(module_bytes(b) for b in blocks)); total = "
-        "module_bytes(model); return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), "
-        "bytes_per_forward=total)",
+        "Which of a module's own children are lists of blocks, and which are block modules the model names? Cut "
+        "the lists into groups, plan the block modules the same way, and keep the rest as the module's resident "
+        "part. Then: what is on the device at the worst moment, and what crosses the bus in one forward?",
+        "names = model._group_offload_block_modules (or none). plan(M): for name, child in M.named_children(): a "
+        "block module → plan(child) with the prefix 'name.', its peak a candidate; a ModuleList/Sequential → groups "
+        "of num_blocks_per_group blocks, named f'{prefix}{name}.{i}', each group's bytes a candidate. resident(M) = "
+        "module_bytes(M) − the bytes of those children; peak(M) = resident(M) + the largest candidate. "
+        "bytes_per_forward = module_bytes(model).",
+        "names = set(getattr(model, '_group_offload_block_modules', None) or ()); groups = []; def plan(m, pre): "
+        "tops, held = [], 0; for name, c in m.named_children(): if name in names: tops.append(plan(c, pre + name + "
+        "'.')); held += module_bytes(c); elif isinstance(c, (nn.ModuleList, nn.Sequential)): for s in range(0, "
+        "len(c), n): blocks = list(c[s:s + n]); groups.append([f'{pre}{name}.{s + i}' for i in range(len(blocks))]); "
+        "tops.append(sum(module_bytes(b) for b in blocks)); held += tops[-1]; return module_bytes(m) - held + "
+        "max(tops, default=0); peak = plan(model, ''); return dict(groups=groups, peak_bytes=peak, "
+        "bytes_per_forward=module_bytes(model))",
     ),
     answer_key=("diffusers.hooks.group_offloading.apply_group_offloading",
                 "diffusers.hooks.group_offloading._apply_group_offloading_block_level"),
@@ -509,17 +522,16 @@ def _(case, g):
                     label=f"{case['model']}, {n} block{'s' if n > 1 else ''} per group")
 
 
-def _plan(model, num_blocks_per_group, *, across=False, nested=False, no_resident=False, blocks_only=False,
-          no_block_modules=False):
+def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, blocks_only=False,
+          no_block_modules=False, residents_together=False):
     nbytes = lambda m: sum(t.numel() * t.element_size() for t in _tensors(m))  # noqa: E731
     block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
-    groups = []
+    groups, sizes = [], []
 
     def plan(module, prefix):
         on_top, grouped, lists = [], 0, []
         for name, child in module.named_children():
-            if name in block_modules or (nested and not isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))
-                                         and any(True for _ in child.children())):
+            if name in block_modules:
                 on_top.append(plan(child, f"{prefix}{name}."))
                 grouped += nbytes(child)
             elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -528,15 +540,32 @@ def _plan(model, num_blocks_per_group, *, across=False, nested=False, no_residen
             for s in range(0, len(items), num_blocks_per_group):
                 chunk = items[s:s + num_blocks_per_group]
                 groups.append([n for n, _ in chunk])
-                on_top.append(sum(nbytes(b) for _, b in chunk))
+                sizes.append(sum(nbytes(b) for _, b in chunk))
+                on_top.append(sizes[-1])
                 grouped += on_top[-1]
         return (0 if no_resident else nbytes(module) - grouped) + max(on_top, default=0)
 
     peak = plan(model, "")
     total = nbytes(model)
-    return dict(groups=groups, peak_bytes=peak,
-                bytes_per_forward=sum(nbytes(model.get_submodule(n)) for group in groups for n in group)
-                if blocks_only else total)
+    if residents_together:  # every level's resident part at once, under the largest group
+        peak = total - sum(sizes) + max(sizes, default=0)
+    return dict(groups=groups, peak_bytes=peak, bytes_per_forward=sum(sizes) if blocks_only else total)
+
+
+def _outermost_lists(model, num_blocks_per_group):
+    """Every ModuleList/Sequential not inside another one, at any depth, cut into groups; the rest resident."""
+    nbytes = lambda m: sum(t.numel() * t.element_size() for t in _tensors(m))  # noqa: E731
+    found = [(name, child) for name, child in model.named_modules()
+             if name and isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))]
+    found = [(n, c) for n, c in found if not any(n.startswith(f"{m}.") for m, _ in found if m != n)]
+    groups, sizes = [], []
+    for name, child in found:
+        for s in range(0, len(child), num_blocks_per_group):
+            blocks = list(child[s:s + num_blocks_per_group])
+            groups.append([f"{name}.{s + i}" for i in range(len(blocks))])
+            sizes.append(sum(nbytes(b) for b in blocks))
+    total = nbytes(model)
+    return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
 
 
 @group_offload_plan.trap("blocks grouped across lists (the model's lists chunked as one sequence)",
@@ -547,12 +576,12 @@ def _(model, num_blocks_per_group):
     return _plan(model, num_blocks_per_group, across=True)
 
 
-@group_offload_plan.trap("lists found below the model's own children (every child searched for lists)",
-                         hint="Block-level offloading looks only at the model's own children (named_children()): a "
-                              "list inside a block (CLIP's encoder.layers, an attention's to_out) moves with its block "
-                              "or with the resident part.")
+@group_offload_plan.trap("lists found below the model's own children (every ModuleList not inside another one)",
+                         hint="Block-level offloading looks only at a module's own children (named_children()): a "
+                              "list inside another child (the UNet's mid_block.resnets, CLIP's encoder.layers) moves "
+                              "with that child, as part of the resident part.")
 def _(model, num_blocks_per_group):
-    return _plan(model, num_blocks_per_group, nested=True)
+    return _outermost_lists(model, num_blocks_per_group)
 
 
 @group_offload_plan.trap("peak of the largest group alone (the resident part left out)",
@@ -575,3 +604,13 @@ def _(model, num_blocks_per_group):
                               "so the encoder's down_blocks are groups and only one part of the VAE is in at a time.")
 def _(model, num_blocks_per_group):
     return _plan(model, num_blocks_per_group, no_block_modules=True)
+
+
+@group_offload_plan.trap("every resident part on the device for the whole forward (a block module's counted outside "
+                         "its own forward)",
+                         hint="A block module's resident part comes in when its own forward starts and leaves when it "
+                              "ends: the VAE's encoder and decoder are never on the device together. Plan each block "
+                              "module as a module of its own and take its peak as one candidate on top of its parent's "
+                              "resident part.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, residents_together=True)

@@ -34,8 +34,8 @@ Mental model:
       way during its own forward, so a VAE's peak is its largest part's, not the whole VAE.
 
 Traps:
-    - Counting parameters only: buffers (position_ids, a scheduler-like table, a quantization scale) are
-      moved too.
+    - Counting parameters only (or the state_dict, which leaves out non-persistent buffers): buffers
+      (position_ids, a quantization scale) are moved too.
     - Counting elements, or 4 bytes per element: a half-precision model is half the bytes, and a model can
       mix dtypes.
     - Offloading whatever ran last: model offload releases only the chain predecessor, so a component called
@@ -44,13 +44,16 @@ Traps:
       end, so the peak is UNet + ControlNet.
     - Breaking the chain at a missing component: image_encoder=None is skipped, the UNet's predecessor is the
       text encoder.
-    - Forgetting the end of the call: what is on the device goes back when the pipeline returns.
+    - Forgetting the end of the call: everything still on the device goes back when the pipeline returns,
+      not only the last component called.
     - Offloading after every call: that is sequential (or group) offload; model offload keeps the UNet for
       the whole loop, and its steps move nothing.
     - A peak of one component: the peak is the sum of what is on the device together.
     - Grouping blocks across lists or inside blocks: groups are cut per top-level ModuleList.
     - Ignoring a model's block modules: a VAE is planned through its encoder and decoder, not kept whole.
     - A peak without the resident part, or bytes per forward of the blocks only.
+    - Every resident part at once: a block module's resident part is on the device only during its own
+      forward (a VAE's encoder and decoder never together).
 
 Precision:
     None to allow for: bytes are counted (integers) and a schedule is a sequence of names; every value is
@@ -107,7 +110,8 @@ def model_offload_trace(calls: list[str], sizes: dict[str, int], offload_seq: li
     Args:
         calls:       the components in the order the pipeline calls them (a call = a forward, or a VAE
                      encode/decode), e.g. ["text_encoder", "text_encoder", "unet", "unet", "vae"].
-        sizes:       bytes of every module component the pipeline has (module_bytes).
+        sizes:       bytes of every module component the pipeline offloads (module_bytes); a component
+                     diffusers excludes from offload (a safety checker) stays on the device and is not in it.
         offload_seq: model_cpu_offload_seq split on "->"; it may name components the pipeline lacks.
     Returns: dict with
         resident:   per call, the sorted names of the components on the device while it runs;
@@ -140,8 +144,8 @@ def group_offload_plan(model: torch.nn.Module, num_blocks_per_group: int) -> dic
         model:                a Flux transformer, a UNet2DConditionModel, a CLIPTextModel, an AutoencoderKL.
         num_blocks_per_group: blocks per group (≥ 1); a list's last group may be shorter.
     Returns: dict with
-        groups:            the block groups, depth first in child order, each a list of qualified names
-                           ("transformer_blocks.0", "encoder.down_blocks.1");
+        groups:            the groups cut from lists (not the resident parts), depth first in child order,
+                           each a list of qualified names ("transformer_blocks.0", "encoder.down_blocks.1");
         peak_bytes:        the most bytes on the device during one forward;
         bytes_per_forward: bytes moved host → device in one forward (the same bytes go back).
     """

@@ -97,16 +97,35 @@ ACROSS = """
     return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
     """
 
+RESIDENTS_TOGETHER = """
+    names = set(getattr(model, '_group_offload_block_modules', None) or ())
+    groups, sizes = [], []
+
+    def walk(module, prefix):
+        for name, child in module.named_children():
+            if name in names:
+                walk(child, prefix + name + '.')
+            elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+                for s in range(0, len(child), num_blocks_per_group):
+                    blocks = list(child[s:s + num_blocks_per_group])
+                    groups.append([f'{prefix}{name}.{s + i}' for i in range(len(blocks))])
+                    sizes.append(sum(module_bytes(b) for b in blocks))
+
+    walk(model, '')
+    total = module_bytes(model)
+    return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
+    """
+
 MUTANTS = [
     ("module_bytes", "return sum(p.numel() * p.element_size() for p in module.parameters())",
-     "parameters only (buffers are moved too)"),
+     "parameters only, or state_dict() (every buffer is moved, non-persistent ones too)"),
     ("module_bytes", "return sum(t.numel() for t in [*module.parameters(), *module.buffers()])",
      "elements, not bytes (numel without element_size)"),
     ("module_bytes", "return sum(t.numel() * 4 for t in [*module.parameters(), *module.buffers()])",
      "4 bytes per element whatever the dtype"),
     ("module_bytes",  # the state dict leaves out non-persistent buffers (CLIP's position_ids): parameters only
      "return sum(v.numel() * v.element_size() for v in module.state_dict().values())",
-     "parameters only (buffers are moved too)"),
+     "parameters only, or state_dict() (every buffer is moved, non-persistent ones too)"),
     ("module_bytes",  # a float where the reference counts bytes as an int
      "return float(sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]))",
      Fails("wrong", "should be the integer")),
@@ -117,6 +136,8 @@ MUTANTS = [
      "peak as the largest single component on the device"),
     ("model_offload_trace", RELEASE_LAST,
      "the component that ran last released at each switch (not the chain predecessor)"),
+    ("model_offload_trace", trace_body(released="sizes[calls[-1]]"),
+     "only the last component called released at the end"),
     ("model_offload_trace",  # the peak read before the call's moves: one call late
      trace_body(peak="sum(sizes[n] for n in on) if on else 0", peak_first=True), Fails("wrong", "peak_bytes")),
     ("model_offload_trace",  # released as every component's bytes, whether it was on the device or not
@@ -128,6 +149,21 @@ MUTANTS = [
      plan_body(per_forward="sum(module_bytes(model.get_submodule(n)) for group in groups for n in group)"),
      "bytes per forward of the groups only (the resident part assumed to stay between forwards)"),
     ("group_offload_plan", ACROSS, "blocks grouped across lists (the model's lists chunked as one sequence)"),
+    ("group_offload_plan", RESIDENTS_TOGETHER,
+     "every resident part on the device for the whole forward (a block module's counted outside its own forward)"),
+    ("group_offload_plan",  # every ModuleList outside another one, the UNet's mid_block lists included
+     """
+    found = [(n, c) for n, c in model.named_modules() if n and isinstance(c, (torch.nn.ModuleList, torch.nn.Sequential))]
+    found = [(n, c) for n, c in found if not any(n.startswith(m + '.') for m, _ in found if m != n)]
+    groups, sizes = [], []
+    for name, child in found:
+        for s in range(0, len(child), num_blocks_per_group):
+            blocks = list(child[s:s + num_blocks_per_group])
+            groups.append([f'{name}.{s + i}' for i in range(len(blocks))])
+            sizes.append(sum(module_bytes(b) for b in blocks))
+    total = module_bytes(model)
+    return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
+    """, "lists found below the model's own children (every ModuleList not inside another one)"),
     ("group_offload_plan",  # every group counted on the device at once: the peak of no offload at all
      plan_body(top="sum(on_top)"), Fails("wrong", "peak_bytes")),
     ("group_offload_plan",  # a block module counted whole on top of the resident part, not planned in turn

@@ -32,6 +32,9 @@ def describe(value: Any) -> str:
         shapes = ", ".join(str(tuple(v.shape)) for v in value[:4]) + (", …" if len(value) > 4 else "")
         return f"{type(value).__name__} of {len(value)} {value[0].dtype} tensors {shapes}"
     if isinstance(value, (list, tuple)) and len(value) > 6:
+        text = repr(value)
+        if _plain(value) and len(text) <= 240:  # names, counts: short enough to read whole
+            return text
         return f"{type(value).__name__} of {len(value)}"
     if isinstance(value, torch.Generator):
         return "torch.Generator"
@@ -41,7 +44,14 @@ def describe(value: Any) -> str:
     text = repr(value)
     if "\n" in text or (len(text) > 80 and not isinstance(value, (str, list, tuple, dict))):
         return type(value).__name__  # schedulers and other objects with a many-line repr
-    return text if len(text) <= 80 else text[:77] + "..."
+    limit = 240 if isinstance(value, (list, tuple)) and _plain(value) else 80
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """A list or tuple of strings, numbers, booleans and None (or of such lists, one level down)."""
+    return all(v is None or isinstance(v, (str, int, float, bool))
+               or (depth == 0 and isinstance(v, (list, tuple)) and _plain(v, 1)) for v in value)
 
 
 def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact: Any = None,
@@ -61,7 +71,13 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
         if not isinstance(actual, (tuple, list)):
             return f"{where} should be a {type(expected).__name__} of {len(expected)}, got {describe(actual)}"
         if len(actual) != len(expected):
-            return f"{where} should have {len(expected)} items, got {len(actual)}"
+            n = len(expected)
+            both = ""
+            if _plain(expected) and _plain(actual):
+                mine, theirs = describe(list(actual)), describe(list(expected))
+                if len(mine) + len(theirs) <= 400 and not mine.startswith("list of"):
+                    both = f": expected {theirs}, got {mine}"
+            return f"{where} should have {n} item{'' if n == 1 else 's'}, got {len(actual)}{both}"
         for i, (a, e) in enumerate(zip(actual, expected)):
             problem = mismatch(a, e, tol, f"{where}[{i}]", _part(exact, i, (tuple, list)), rule)
             if problem:

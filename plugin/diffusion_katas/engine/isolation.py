@@ -182,8 +182,9 @@ class CodeLock:
                 self.builtins[id(builtin)] = (builtin, path, direct)
 
     def _refuse(self, what: str) -> AnswerKeyError:
-        message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against. "
-                   "Write the computation yourself: that is the exercise.")
+        message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against (or a "
+                   "library function that computes the same answer). Write the computation yourself: that is the "
+                   "exercise.")
         self.violations.append(message)
         return AnswerKeyError(message)
 
