@@ -125,8 +125,8 @@ def mutant_args(function):
 def test_a_tiled_decode_that_keeps_every_tile_is_correct_but_over_budget(grade_mutant):
     graded = grade_mutant(LAB, "tiled_decode", DIFFUSERS_STYLE_TILED_DECODE)
     assert graded.status == "over budget", graded
-    assert "OVER working set (peak minus the output) at 384² px" in graded.text
-    assert "FLOPs at 24×24 latents" not in graded.text  # the FLOPs budget passes: the same tiles
+    assert "OVER working set (peak minus the output) at 256² px" in graded.text
+    assert "FLOPs at 16×16 latents" not in graded.text  # the FLOPs budget passes: the same tiles
 
 
 def test_decoding_the_whole_batch_at_once_is_correct_but_over_the_slicing_budget(grade_mutant):
