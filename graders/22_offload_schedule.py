@@ -117,12 +117,21 @@ def _tensors(module, buffers=True):
     return list(module.parameters()) + (list(module.buffers()) if buffers else [])
 
 
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _nbytes(module) -> int:
+    """What an offload moves for a module (the traps' own count; the reference is get_memory_footprint)."""
+    return _bytes(_tensors(module))
+
+
 @module_bytes.trap("parameters only, or state_dict() (every buffer is moved, non-persistent ones too)",
                    hint="module.to() moves buffers as well: CLIPTextModel's position_ids is an int64 buffer, not a "
                         "parameter, and a non-persistent one, so state_dict() leaves it out too. Sum over "
                         "module.parameters() and module.buffers().")
 def _(module):
-    return sum(t.numel() * t.element_size() for t in _tensors(module, buffers=False))
+    return _bytes(_tensors(module, buffers=False))
 
 
 @module_bytes.trap("elements, not bytes (numel without element_size)",
@@ -442,7 +451,7 @@ class _GroupRecorder:
 def _group_bytes(group) -> int:
     tensors = {id(t): t for m in group.modules for t in _tensors(m)}
     tensors.update({id(t): t for t in [*group.parameters, *group.buffers]})
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return _bytes(tensors.values())
 
 
 def group_reference(kind: str, model, num_blocks_per_group: int, g: torch.Generator) -> dict:
@@ -526,7 +535,7 @@ def _(case, g):
 
 def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, blocks_only=False,
           no_block_modules=False, residents_together=False):
-    nbytes = lambda m: sum(t.numel() * t.element_size() for t in _tensors(m))  # noqa: E731
+    """The solution's plan with one mistake switched on (the traps below)."""
     block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
     groups, sizes = [], []
 
@@ -535,20 +544,20 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
         for name, child in module.named_children():
             if name in block_modules:
                 on_top.append(plan(child, f"{prefix}{name}."))
-                grouped += nbytes(child)
+                grouped += _nbytes(child)
             elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
                 lists.append([(f"{prefix}{name}.{i}", block) for i, block in enumerate(child)])
         for items in [[item for items in lists for item in items]] if across else lists:
             for s in range(0, len(items), num_blocks_per_group):
                 chunk = items[s:s + num_blocks_per_group]
                 groups.append([n for n, _ in chunk])
-                sizes.append(sum(nbytes(b) for _, b in chunk))
+                sizes.append(sum(_nbytes(b) for _, b in chunk))
                 on_top.append(sizes[-1])
                 grouped += on_top[-1]
-        return (0 if no_resident else nbytes(module) - grouped) + max(on_top, default=0)
+        return (0 if no_resident else _nbytes(module) - grouped) + max(on_top, default=0)
 
     peak = plan(model, "")
-    total = nbytes(model)
+    total = _nbytes(model)
     if residents_together:  # every level's resident part at once, under the largest group
         peak = total - sum(sizes) + max(sizes, default=0)
     return dict(groups=groups, peak_bytes=peak, bytes_per_forward=sum(sizes) if blocks_only else total)
@@ -556,7 +565,6 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
 
 def _outermost_lists(model, num_blocks_per_group):
     """Every ModuleList/Sequential not inside another one, at any depth, cut into groups; the rest resident."""
-    nbytes = lambda m: sum(t.numel() * t.element_size() for t in _tensors(m))  # noqa: E731
     found = [(name, child) for name, child in model.named_modules()
              if name and isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))]
     found = [(n, c) for n, c in found if not any(n.startswith(f"{m}.") for m, _ in found if m != n)]
@@ -565,8 +573,8 @@ def _outermost_lists(model, num_blocks_per_group):
         for s in range(0, len(child), num_blocks_per_group):
             blocks = list(child[s:s + num_blocks_per_group])
             groups.append([f"{name}.{s + i}" for i in range(len(blocks))])
-            sizes.append(sum(nbytes(b) for b in blocks))
-    total = nbytes(model)
+            sizes.append(sum(_nbytes(b) for b in blocks))
+    total = _nbytes(model)
     return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
 
 
