@@ -256,13 +256,25 @@ def test_hint_shows_the_first_tier_and_the_next_only_after_a_failed_attempt(grad
 
     assert all(code == 0 for code, _, _ in outputs)
     first, second, everything = (out for _, out, _ in outputs)
-    assert f"{LAB} · `{FIRST}` (TODO in the last grading)" in first
+    assert f"{LAB} · `{FIRST}` (TODO when last graded)" in first
     assert "hint 1 (nudge): " in first and "hint 2 (" not in first
     assert "hint 2 of 3 comes after your next failed attempt" in first
     assert second == first  # asking again is not an attempt (tests/test_learner_loop.py grades one)
     assert "hint 2 (the math)" in everything and "hint 3 (near code): " in everything and "every hint" in everything
     remembered = json.loads((root / ".kata" / "hints.json").read_text(encoding="utf-8"))
     assert remembered[f"{LAB}::{FIRST}"]["shown"] == 3
+
+
+def test_watch_remembers_the_hint_tiers_of_the_failure_it_shows_and_only_those(tmp_path, capsys):
+    from diffusion_katas.commands.learner.watch import remember_shown
+
+    course = Course(make_root(tmp_path))
+    remember_shown(course, LAB, FIRST, "add_noise · check ...\n  hint 1 (nudge): a\n  hint 2 (the math): b\n")
+    remember_shown(course, LAB, "cosine_betas", "a message whose hints were cut off")
+    remembered = json.loads(course.hints_path.read_text(encoding="utf-8"))
+    assert remembered == {f"{LAB}::{FIRST}": {"shown": 2, "failures": 0}}
+    code, out, _ = run(capsys, "hint", FIRST, "--lab", LAB, "--root", str(course.root))
+    assert code == 0 and "hint 2 (the math)" in out and "hint 3 (" not in out
 
 
 def test_hint_for_a_named_function_finds_its_lab_without_a_report(tmp_path, capsys):

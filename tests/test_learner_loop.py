@@ -116,7 +116,7 @@ def test_hint_after_plain_pytest_points_at_the_lab_that_run_graded(two_runs, tmp
     root = copy(two_runs[0], tmp_path / "c")
     code, out, err = run(capsys, "hint", "--root", str(root))
     assert code == 0, err
-    assert out.startswith(f"{AGAIN} · `{FIRST}` (FAILED in the last grading)")
+    assert out.startswith(f"{AGAIN} · `{FIRST}` (FAILED when last graded)")
 
 
 def test_a_solutions_run_leaves_the_record_alone(tmp_path):

@@ -121,6 +121,27 @@ def test_the_tiers_a_failure_shows_are_remembered_for_kata_hint(toy):
     assert remembered[key]["shown"] == 2 and remembered[key]["failures"] == 2
 
 
+def test_a_run_that_prints_no_failure_texts_uses_up_no_hint_tier(toy):
+    toy.kata(double="return x * 3")
+    toy.run("katas", "--tb=no")
+    toy.run("katas", "--tb=no")
+    out = toy.run("katas").stdout.str()  # the first failure text this learner sees: the first tier
+    assert "hint 1 (nudge)" in out and "hint 2 (" not in out
+
+
+def test_the_footer_hint_is_the_most_specific_tier_the_learner_has(toy):
+    toy.kata(double="return x * 3")
+    toy.run("katas")
+    out = toy.run("katas").stdout.str()
+    assert "  hint 2: the math: y = 2x" in out
+
+
+def test_a_misspelt_kata_function_is_a_usage_error_naming_the_functions(toy):
+    result = toy.run("katas", "--kata-function", "doubel")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kata-function doubel: no such kata function*their functions are: double*"])
+
+
 def test_kata_hints_shows_the_asked_number_of_tiers_at_once(toy):
     toy.kata(double="return x * 3")
     out = toy.run("katas", "--kata-hints", "3").stdout.str()

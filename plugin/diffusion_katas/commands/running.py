@@ -70,7 +70,9 @@ def grade(course: Course, target: str, *extra: str) -> Grading:
     """`python -m pytest TARGET -q --kata-json ...` in the repository root, in a subprocess."""
     with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
         json_path = Path(tmp) / "report.json"
-        command = pytest_command(target, "-q", "--kata-json", str(json_path), "--rootdir", str(course.root), *extra)
+        # the commands show what they choose of the output: the hint tiers they show, they remember themselves
+        command = pytest_command(target, "-q", "--kata-json", str(json_path), "--rootdir", str(course.root),
+                                 "--kata-hints-unseen", *extra)
         start = time.monotonic()
         # On Ctrl-C, subprocess.run kills pytest before the KeyboardInterrupt reaches the caller.
         done = subprocess.run(command, cwd=course.root, env=pytest_env(), stdout=subprocess.PIPE,
@@ -105,7 +107,7 @@ class WarmGrader:
             json_path = Path(tmp) / "report.json"
             args = [target, "-q", "--kata-json", str(json_path), "--rootdir", str(self.course.root),
                     "--kata-seed", str(self.seed), "-p", "no:cacheprovider", "--kata-reuse-builds",
-                    *extra]
+                    "--kata-hints-unseen", *extra]
             start = time.monotonic()
             self.process.stdin.write(json.dumps(args) + "\n")
             self.process.stdin.flush()

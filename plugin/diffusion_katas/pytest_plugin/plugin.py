@@ -26,6 +26,8 @@ from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
 
 # Help texts, defined once and shared by the command-line option and its ini twin.
 SOLUTIONS_HELP = "Grade solutions/ instead of katas/ with the same graders (instructors' check)"
+UNSEEN_HELP = ("This run's failure texts are not shown as printed (the `kata` commands pass it and show what they "
+               "choose): its hint tiers are not remembered as seen")
 REUSE_HELP = ("Keep each check's built references between gradings in this process and reuse them where "
               "the case and the random states are the same (the warm grader of `kata watch` passes it)")
 SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that reproduces it"
@@ -64,6 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
     group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
     group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
+    group.addoption("--kata-hints-unseen", action="store_true", default=False, help=UNSEEN_HELP)
     group.addoption("--kata-reuse-builds", action="store_true", default=False, help=REUSE_HELP)
     group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
     group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
@@ -120,6 +123,8 @@ def pytest_configure(config: pytest.Config) -> None:
         hidden_cases=hidden_cases,
         hidden_output=config.getoption("kata_hidden_output"),
         reuse_builds=config.getoption("kata_reuse_builds"),
+        # Tiers count as seen only where pytest prints the failure texts that carry them.
+        hints_shown=not config.getoption("kata_hints_unseen") and config.getoption("tbstyle", "auto") not in ("no", "line"),
     )
     if session.keeps_record:  # the learner's own runs: hints go on from the tiers they have seen
         from diffusion_katas.core import tiers
@@ -232,6 +237,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _check_hidden_keys(config.stash[state.SESSION].hidden_cases, items)
         wanted = set(config.getoption("kata_function"))
         if wanted:
+            known = {i.kata.name for i in items if isinstance(i, KataItem)}
+            unknown = sorted(wanted - known)
+            if unknown:  # a misspelt name would otherwise grade nothing, silently
+                raise pytest.UsageError(
+                    f"--kata-function {', '.join(unknown)}: no such kata function in the labs collected; their "
+                    f"functions are: {', '.join(sorted(known)) or 'none'}")
             keep = [i for i in items if not isinstance(i, KataItem) or i.kata.name in wanted]
             config.hook.pytest_deselected(items=[i for i in items if i not in keep])
             items[:] = keep

@@ -277,7 +277,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     else:
         for kata in session.course.graders_of(lab):
             if kata.name == function and kata.hints:
-                tr.write_line(f"  hint: {kata.hints[0]}")
+                # the most specific tier this learner has: the one this run's failure showed, or one seen before
+                from diffusion_katas.core.tiers import shown
+
+                key = f"{lab}::{function}"
+                tier = max(1, session.tiers_now.get(key, 0), shown(session.tiers, key, len(kata.hints)))
+                tr.write_line(f"  hint{f' {tier}' if tier > 1 else ''}: {kata.hints[min(tier, len(kata.hints)) - 1]}")
     tr.write_line(f"  then: python -m pytest {where}")
 
 
@@ -311,11 +316,16 @@ def _not_graded(session, labs) -> str:
         if (lab, function) not in bucket:
             bucket.append((lab, function))
     parts = []
+    several = len({lab for lab, _ in whole + partly} | set(labs)) > 1  # then say whose each function is
+
+    def named(lab, f):
+        return f"`{f}` (lab {lab[:2]})" if several else f"`{f}`"
+
     if whole:
-        names = ", ".join(f"`{f}`" for _, f in whole[:6]) + (f" and {len(whole) - 6} more" if len(whole) > 6 else "")
+        names = ", ".join(named(lab, f) for lab, f in whole[:6]) + (f" and {len(whole) - 6} more" if len(whole) > 6 else "")
         parts.append(f"{len(whole)} function(s) ({names})")
     if partly:
-        parts.append(f"some checks or budgets of {', '.join(f'`{f}`' for _, f in partly[:6])}")
+        parts.append(f"some checks or budgets of {', '.join(named(lab, f) for lab, f in partly[:6])}")
     return "; ".join(parts)
 
 
@@ -337,7 +347,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             write_json(kata_session.gradescope_path, run.gradescope(found))
     if kata_session.keeps_record and kata_session.results and not kata_session.interrupted:
         _keep_record(kata_session, run)
-        _keep_tiers(kata_session)
+        if kata_session.hints_shown:
+            _keep_tiers(kata_session)
 
 
 def _keep_tiers(kata_session: state.KataSession) -> None:

@@ -28,6 +28,7 @@ class KataSession:
     # tiers this run's failure messages show, per "lab::function".
     tiers: dict[str, dict] = field(default_factory=dict)
     tiers_now: dict[str, int] = field(default_factory=dict)
+    hints_shown: bool = True  # whether this run prints its failure texts (then their tiers are remembered)
     # One entry per graded item, in run order.
     results: list[Result] = field(default_factory=list)
     # Per lab, its files as they were when its first item started (for .kata/last-grading.json).

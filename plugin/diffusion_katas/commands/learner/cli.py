@@ -199,7 +199,7 @@ def cmd_progress(args) -> int:
             whole = report is None or args.fresh
             targets = [course.rel(course.katas)] if whole else [course.rel(course.kata(lab)) for lab in stale]
             what = f"the {len(stale)} lab(s) in {course.rel(course.katas)}/" if whole else \
-                f"{len(stale)} lab(s) changed since the last grading ({', '.join(stale)})"
+                f"{len(stale)} lab(s) not graded yet or changed since their last grading ({', '.join(stale)})"
             print(f"grading {what} in one pytest run...", file=sys.stderr, flush=True)
             grading = grade(course, *targets, "--continue-on-collection-errors")
             if grading.report is None:
@@ -228,7 +228,7 @@ def cmd_hint(args) -> int:
         entry = lab_entry(report, lab)
         status = dict(statuses(entry)).get(function) if entry else None
     hints = hints_by_function[function]
-    where = f"{lab} · `{function}`" + (f" ({MARKS.get(status, status)} in the last grading)" if status else "")
+    where = f"{lab} · `{function}`" + (f" ({MARKS.get(status, status)} when last graded)" if status else "")
     if status == "over budget" and not args.all:
         # correct, but too costly: what was measured against what is allowed, not a correctness tier
         text = next((m for m in messages(report, lab, function, ("over budget",)) if m.strip()), "")

@@ -1,6 +1,7 @@
 """`kata watch`'s parts: waiting for a kata file to change, and the verdict shown after each grading."""
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from datetime import datetime
@@ -64,6 +65,26 @@ def wait_for_change(path: Path, since, interval: float, events=None) -> None:
 
 
 # ---- the verdict -----------------------------------------------------------------------------------------
+_HINT_LINE = re.compile(r"^\s*hint (\d+) \(", re.M)
+
+
+def remember_shown(course: Course, lab: str, function: str, text: str) -> None:
+    """The hint tiers in a failure text watch shows are seen now (the grading it ran remembered none: only what
+    reaches the screen counts, core/tiers.py)."""
+    from diffusion_katas.core import record, tiers
+
+    shown = max((int(n) for n in _HINT_LINE.findall(text)), default=0)
+    if not shown:
+        return
+    key = f"{lab}::{function}"
+    seen = tiers.load(course.hints_path)
+    tiers.note_shown(seen, key, shown, record.failed_gradings(record.load(course), lab, function))
+    try:
+        tiers.save(course.hints_path, seen)
+    except OSError:
+        pass
+
+
 def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None = None) -> list[str]:
     """The lab's verdict, the next step with its hint tier, and the first failure's text; `note`: what this
     grading covered when it was not the whole lab."""
@@ -90,6 +111,10 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
         if r.get("lab") == lab and r.get("status") == "passed" and str(r.get("check", "")).startswith("budget: ") \
                 and r.get("detail"):
             lines.append(f"  {'':<{width}}    {r['function']} · {r['check'][len('budget: '):]}: {r['detail']}")
+    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "waiting", "over budget")), None)
+    text = next((m for m in messages(report, lab, failing[0], (failing[1],)) if m.strip()), "") if failing else ""
+    if failing and failing[1] == "failed":
+        remember_shown(course, lab, failing[0], text)
     found = first_unsolved(entry)
     lines.append("")
     if found is None:
@@ -111,11 +136,9 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
         lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))
         if tier < len(hints):
             lines.append(f"  (`kata hint` shows hint {tier + 1} of {len(hints)})")
-    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "waiting", "over budget")), None)
     if failing is None:
         lines.append("nothing fails yet: the functions not passing are still TODO.")
         return lines
-    text = next((m for m in messages(report, lab, failing[0], (failing[1],)) if m.strip()), "")
     body = text.rstrip().splitlines()
     if len(body) > 80:
         body = body[:80] + [f"... ({len(body) - 80} more lines: python -m pytest {kata})"]
