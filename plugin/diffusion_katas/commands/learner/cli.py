@@ -46,6 +46,8 @@ def grade_save(warm: WarmGrader, course: Course, lab: str, last: Grading | None,
     if shape is not None and last is not None and last.report is not None and shape[1] == now[1]:
         plan = incremental.to_regrade(shape[0], now[0])  # the grader unchanged too: its verdicts stand
         graded = {name for name, _ in statuses(lab_entry(last.report, lab) or {})}
+        if plan:  # --kata-function takes graded functions only; a changed helper no graded one names: all of it
+            plan = (plan & graded) or None
         if plan is not None and plan and graded <= plan:
             plan = None  # every function changed: one grading of the whole lab
     if plan is not None and not plan:
