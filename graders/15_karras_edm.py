@@ -611,7 +611,10 @@ class GaussianEDMNetwork:
     """The raw EDM network F whose denoiser D = c_skip·x + c_out·F is ideal for Gaussian data x₀ ~ N(0, s_c²)
     per channel: D(x; σ) = s²/(s² + σ²)·x. It reads σ back from c_noise (σ = e^{4·c_noise}) and x from
     x_in (x = x_in·√(σ² + σ_data²)), so it sees only what a real EDM network sees. Computes in float64,
-    returns x_in's dtype; checks each call's shape and dtype and counts the calls."""
+    returns x_in's dtype; checks each call's shape and dtype and counts the calls. Remote: the learner's runner
+    gets a stand-in, and each call is counted and checked here."""
+
+    kata_remote = True
 
     def __init__(self, std: torch.Tensor, sigma_data: float, prediction_type: str, shape, dtype, calls: int):
         self.std = std.double()
@@ -624,6 +627,9 @@ class GaussianEDMNetwork:
 
     def __repr__(self) -> str:
         return f"GaussianEDMNetwork(ideal F for Gaussian data; {self.dtype} {self.shape}; calls counted)"
+
+    def remote_view(self) -> dict:
+        return dict(label=repr(self))
 
     def predict(self, x_in: torch.Tensor, c_noise) -> torch.Tensor:
         """F without the call checks (references, shadows and traps call this)."""

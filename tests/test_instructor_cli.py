@@ -83,14 +83,6 @@ def at_import(source: str, code: str) -> str:
     return source.replace("import math\n", f"import math\n{code}\n", 1)
 
 
-def process_gone(pid: int) -> bool:
-    """True when the process no longer runs (absent, or a zombie nobody reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
-
-
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     root = tmp_path_factory.mktemp("class")
@@ -100,8 +92,11 @@ def graded_class(tmp_path_factory):
         # first, so that its 45 s run overlaps the others
         "frank_hangs": with_body(SOLUTION, "add_noise",
                                  "    import subprocess\n"
-                                 "    child = subprocess.Popen(['sleep', '600'])\n"
-                                 f"    open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+                                 "    try:\n"
+                                 "        child = subprocess.Popen(['sleep', '600'])\n"
+                                 "    except PermissionError:  # the runner may start no process\n"
+                                 "        child = None\n"
+                                 f"    open({str(pidfile)!r}, 'w').write(str(child.pid if child else 'refused'))\n"
                                  # SIGALRM blocked: like a hang inside C code that never returns to
                                  # Python, pytest-timeout's signal never reaches it
                                  "    import signal\n"
@@ -181,15 +176,15 @@ def test_an_empty_folder_scores_zero_as_missing_files(graded_class):
     assert erin["passes"] == []  # nothing to grade: no child was started
 
 
-def test_a_hang_in_c_code_costs_only_its_function_and_everything_it_started_is_killed(graded_class):
+def test_a_hang_in_c_code_costs_only_its_function_and_it_could_start_no_process_to_outlive_it(graded_class):
     # the runner's wall clock ends the hang (SIGALRM blocked, as in C code), the rest is graded
     frank = graded_class["learners"]["frank_hangs"]
     points = dict(grader_functions(LAB))
     assert frank["outcome"] == "graded" and frank["score"] == frank["max_score"] - points["add_noise"]
     assert statuses(frank)["add_noise"] == "failed"
     assert "add_noise: timed out (per-check limit)" in frank["reason"]
-    grandchild = int(graded_class["pidfile"].read_text())
-    assert process_gone(grandchild), "the runner's process group was not killed: `sleep 600` still runs"
+    # `sleep 600` was refused (engine/alone.py); were it not, the runner's process group would be killed
+    assert graded_class["pidfile"].read_text() == "refused"
 
 
 def test_os_exit_at_import_scores_zero_with_the_reason_although_the_process_exited_with_status_0(graded_class):

@@ -117,3 +117,53 @@ def test_a_correct_valued_twin_with_the_wrong_cost_is_rejected(grade_mutant, lab
     else:  # stopped by a check that counts the same cost: the values themselves must have been right
         assert "worst element" not in graded.text, graded.text
     assert says in graded.text, graded.text
+
+
+# Twins that hide their cost from the measure instead of paying it: the count rewritten, the counted model
+# called around its probe, the work moved to a thread. Each must fail; none may pass or come in under budget.
+THREADED = """
+import threading
+out = []
+worker = threading.Thread(target=lambda: out.append({work}))
+worker.start()
+worker.join()
+return out[0]
+"""
+HIDDEN_COST = [
+    ("04_classifier_free_guidance", "guided_noise", """
+        noise_uncond = text_noise(unet, latents, timestep, negative_prompt_embeds)
+        noise_text = text_noise(unet, latents, timestep, prompt_embeds)
+        unet.batch_sizes[:] = [2 * latents.shape[0]]  # two calls of B, recorded as the one call of 2B
+        guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+        if guidance_rescale > 0:
+            guided = rescale_guidance(guided, noise_text, guidance_rescale)
+        return guided
+     """, "has no attribute 'batch_sizes'"),
+    ("16_few_step", "few_step_sample", """
+        guide = guidance_scale > 1
+        scheduler.set_timesteps(num_inference_steps)
+        x = latents * scheduler.init_noise_sigma
+        text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
+        with torch.no_grad():
+            for t in scheduler.timesteps:
+                x_in = scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)
+                unet.denoiser(x_in, t, encoder_hidden_states=text)  # the thrown-away forward, around the probe
+                noise_pred = unet(x_in, t, encoder_hidden_states=text).sample
+                if guide:
+                    noise_uncond, noise_text = noise_pred.chunk(2)
+                    noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+                x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
+        return x
+     """, "has no attribute 'denoiser'"),
+    ("09_lora", "lora_forward", THREADED.format(work="F.linear(x, weight + (lora_B @ lora_A) * scaling, bias)"),
+     "started a thread"),
+    ("11_memory", "sliced_decode", THREADED.format(work="vae.decoder(vae.post_quant_conv(latents))"),
+     "started a thread"),
+]
+
+
+@pytest.mark.parametrize("lab, function, body, says", HIDDEN_COST, ids=[f"{t[0][:2]}-{t[1]}" for t in HIDDEN_COST])
+def test_a_twin_that_hides_its_cost_from_the_measure_fails(grade_mutant, lab, function, body, says):
+    graded = grade_mutant(lab, function, body)
+    assert graded.status == "failed", graded
+    assert says in graded.text, graded.text

@@ -169,3 +169,183 @@ def test_an_interrupted_run_says_so_in_its_summary_and_its_report(toy):
     assert "the run was interrupted" in out and "every visible check passes" not in out
     report = json.loads((toy.pytester.path / "report.json").read_text())
     assert report["interrupted"] is True
+
+
+# Graded code runs alone (engine/alone.py): work in another thread or process escapes the meters, the refused
+# operators and the lock, so a correct-valued function that hides its cost there must not pass its budget.
+WASTE = "junk = [torch.ones(1000) for _ in range(50)]"  # 50x the budget's one output-sized allocation
+
+
+def test_a_thread_started_in_a_graded_call_is_refused_even_when_the_refusal_is_caught(toy):
+    toy.kata(double=f"""
+        import threading
+        out = []
+        def work():
+            {WASTE}
+            out.append(x * 2)
+        try:
+            worker = threading.Thread(target=work)
+            worker.start()
+            worker.join()
+        except RuntimeError:
+            work()
+        return out[0]
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.stdout.fnmatch_lines(["*`double` started a thread. Graded code runs in the thread that calls it*"])
+    result.assert_outcomes(failed=1)  # the values are right, and the budget never counts what the thread did
+
+
+def test_a_correct_valued_twin_that_hides_its_cost_in_a_thread_pool_is_not_under_budget(toy):
+    toy.kata(double=f"""
+        from concurrent.futures import ThreadPoolExecutor
+        def work():
+            {WASTE}
+            return x * 2
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(work).result()
+    """)
+    result = toy.run("katas", "--kata-function", "double", "--kata-json", "report.json")
+    result.stdout.fnmatch_lines(["*started a thread*"])
+    report = json.loads((toy.pytester.path / "report.json").read_text())
+    assert not any(r["status"] == "passed" for r in report["results"] if r["function"] == "double")
+
+
+def test_work_done_during_a_call_by_a_thread_started_at_import_is_a_verdict(toy):
+    path = toy.pytester.path / "katas" / "01_toy.py"
+    path.write_text('"""Lab 01 · Toy lab"""\nimport queue, threading\nimport torch\n\n'
+                    "jobs, answers = queue.Queue(), queue.Queue()\n\n"
+                    "def _serve():\n"
+                    "    while True:\n"
+                    "        x = jobs.get()\n"
+                    "        a = torch.randn(256, 256)\n"
+                    "        for _ in range(40):\n"
+                    "            a = torch.tanh(a @ a)  # milliseconds of work the call's meters never see\n"
+                    "        answers.put(x * 2)\n\n"
+                    "threading.Thread(target=_serve, daemon=True).start()\n\n"
+                    "def double(x):\n    jobs.put(x)\n    return answers.get()\n\n"
+                    "def normalize(x):\n    return x / x.norm()\n\n"
+                    "def stay_put(x):\n    return x\n")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*`double`'s call had * ms of CPU work done in another thread*"])
+    result.assert_outcomes(passed=2, failed=1)  # the idle thread costs the other functions nothing
+    assert result.parseoutcomes()["waiting"] == 1
+
+
+def test_graded_code_cannot_start_a_process_in_a_call_or_at_import(toy):
+    toy.kata(double="""
+        import subprocess, sys
+        answer = subprocess.run([sys.executable, "-c", "print(2)"], capture_output=True, text=True)
+        return x * int(answer.stdout)
+    """, normalize="""
+        import os
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        return x / x.norm()
+    """, stay_put="return x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*Operation not permitted*graded code cannot start processes*"])
+    result.assert_outcomes(passed=1, failed=2)
+    path = toy.pytester.path / "katas" / "01_toy.py"
+    path.write_text("import os\nif os.fork() == 0:\n    os._exit(0)\n" + path.read_text())
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*graded code cannot start processes*"])
+    result.assert_outcomes(failed=4)  # an import error: the budget fails with the file
+
+
+# A remote model (a grader class marked `kata_remote`, as DenoiserProbe is) runs in the grader's process: the
+# runner gets a stand-in, so the model cannot be called uncounted and its counts cannot be rewritten.
+REMOTE_GRADER = '''
+import torch
+
+from diffusion_katas.core.spec import Kata, KataFailure, Measurement, Scenario
+from diffusion_katas.core.tolerances import Tol
+
+
+class Counted:
+    """x ↦ 2x, counting its calls; a second call in one check is a failure."""
+
+    kata_remote = True
+
+    def __init__(self):
+        self.calls = 0
+        self.scale = 2.0
+
+    def remote_view(self):
+        return dict(label="Counted(x -> 2x; calls counted)", config={"scale": 2.0})
+
+    def __call__(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            raise KataFailure(f"  the model was called {self.calls} times; one call is the lesson")
+        return x * self.scale
+
+
+apply = Kata("apply", hints=("call it once",), no_answer_key="a toy")
+
+
+@apply.check("one call", tol=Tol(1e-6, 0.0, "toy"))
+def _(case, g):
+    x = torch.randn(3, generator=g)
+    return Scenario(inputs=dict(model=Counted(), x=x), expected=x * 2)
+
+
+@apply.budget("one call")
+def _(learner, g):
+    model = Counted()
+    learner(model=model, x=torch.randn(3, generator=g))
+    return [Measurement("model calls", model.calls, 1, "calls", "one call")]
+'''
+
+
+def _remote_lab(toy, body: str) -> None:
+    import textwrap
+
+    (toy.pytester.path / "graders" / "02_remote.py").write_text(REMOTE_GRADER)
+    body = textwrap.indent(textwrap.dedent(body).strip(), "    ")
+    (toy.pytester.path / "katas" / "02_remote.py").write_text(
+        f'"""Lab 02 · Remote"""\nimport gc\nimport torch\n\n\ndef apply(model, x):\n{body}\n')
+
+
+def test_a_remote_model_is_called_from_the_runner_and_counted_in_the_grader(toy):
+    _remote_lab(toy, "assert model.scale == 2.0 and 'Counted' in repr(model)\nreturn model(x)")
+    result = toy.run("katas/02_remote.py")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_remote_model_cannot_be_reached_around_its_count(toy):
+    _remote_lab(toy, """
+        found = [o for o in gc.get_objects() if type(o).__name__ == "Counted"]
+        assert not found, "the grader's model is here, to be called uncounted"
+        assert not hasattr(model, "calls") and not hasattr(model, "__call__.__func__")
+        return model(x)
+    """)
+    result = toy.run("katas/02_remote.py")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_remote_models_own_check_fails_the_call_even_when_the_learner_catches_it(toy):
+    _remote_lab(toy, """
+        model.calls = 0  # a write to the stand-in: the grader's count is not here
+        first = model(x)
+        try:
+            model(x)
+        except Exception:
+            pass
+        return first
+    """)
+    result = toy.run("katas/02_remote.py")
+    result.stdout.fnmatch_lines(["*the model was called 2 times; one call is the lesson*"])
+    result.assert_outcomes(failed=1)
+
+
+def test_a_memory_blow_up_fails_its_check_and_the_run_goes_on(toy):
+    toy.kata(double="""
+        held = [torch.ones(2**26) for _ in range(8)]  # 2 GiB, 256 MiB at a time
+        return x * 2
+    """, normalize="held = b'x' * 2**31\nreturn x / x.norm()", stay_put="return x")
+    result = toy.run("katas", "--kata-memory", "0.5")
+    result.stdout.fnmatch_lines(["*can't allocate memory*the runner's memory limit: 0.5 GiB beyond its own*"])
+    result.stdout.fnmatch_lines(["*your function raised MemoryError*"])
+    result.assert_outcomes(passed=1, failed=2)

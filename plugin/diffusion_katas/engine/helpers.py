@@ -132,8 +132,13 @@ class DenoiserProbe(torch.nn.Module):
     """A denoiser that counts its calls and records each call's batch size and timesteps.
 
     Attribute access (config, dtype, device, ...) falls through to the wrapped model, so a kata function
-    can use it where it would use the model.
+    can use it where it would use the model. It is remote (`kata_remote`): the learner's runner gets a
+    stand-in showing `remote_view()`, and each call runs here, in the grader's process, so the counts are
+    the grader's own and the model cannot be reached without them. Its work is therefore not in a runner
+    meter's reading: budgets on it count calls and batch sizes.
     """
+
+    kata_remote = True
 
     def __init__(self, model: torch.nn.Module, label: str = ""):
         super().__init__()
@@ -145,6 +150,12 @@ class DenoiserProbe(torch.nn.Module):
     @property
     def calls(self) -> int:
         return len(self.batch_sizes)
+
+    def remote_view(self) -> dict:
+        """What the runner's stand-in shows: the model's config, dtype and device, and this probe's label."""
+        model = self.denoiser
+        return dict(label=self.label, config=getattr(model, "config", None), dtype=getattr(model, "dtype", None),
+                    device=getattr(model, "device", None))
 
     def forward(self, *args, **kwargs):
         sample = args[0] if args else kwargs.get("sample")

@@ -13,10 +13,18 @@ from typing import Any, Iterator
 
 from diffusion_katas.core.results import Reason
 from diffusion_katas.core.spec import KataFailure
+from diffusion_katas.engine.alone import OTHER_CPU_S, OtherThreads, thread_starters
 
 
 class AnswerKeyError(RuntimeError):
     """Raised when learner code calls the diffusers/peft function it is graded against."""
+
+
+class NotAlone(RuntimeError):
+    """Raised when learner code works outside the thread it was called in (engine/alone.py)."""
+
+
+_THREAD = "a thread"  # the lock's mark on the functions that start one
 
 
 def fresh(value: Any) -> Any:
@@ -163,7 +171,7 @@ class CodeLock:
         self.forbidden_ops = tuple(forbidden_ops)
         self.locked: dict[tuple, str] = {}
         self.builtins: dict[int, tuple] = {}
-        self.violations: list[str] = []
+        self.violations: list[RuntimeError] = []
         self._seen: dict[int, tuple] = {}
         # The learner's own functions that ran during the last call, as (file, name): a failure that comes
         # from another kata function it calls is reported as that function's ("fix it first").
@@ -180,18 +188,28 @@ class CodeLock:
             builtin = _builtin_at(path)
             if builtin is not None:  # a C function: refused at its call (the profiler's c_call event)
                 self.builtins[id(builtin)] = (builtin, path, direct)
+        for starter in thread_starters():  # graded code runs alone (engine/alone.py)
+            self.builtins[id(starter)] = (starter, _THREAD, False)
 
     def _refuse(self, what: str) -> AnswerKeyError:
         message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against (or a "
                    "library function that computes the same answer). Write the computation yourself: that is the "
                    "exercise.")
-        self.violations.append(message)
-        return AnswerKeyError(message)
+        self.violations.append(AnswerKeyError(message))
+        return self.violations[-1]
+
+    def _not_alone(self) -> NotAlone:
+        self.violations.append(NotAlone(
+            f"`{self.kata}` started a thread. Graded code runs in the thread that calls it: work in another thread "
+            "escapes the meters and the answer-key lock. Compute in your function itself."))
+        return self.violations[-1]
 
     def _hook(self, frame, event, arg):
         if event == "c_call":
             hit = self.builtins.get(id(arg))
             if hit is not None and hit[0] is arg:
+                if hit[1] is _THREAD:
+                    raise self._not_alone()
                 if hit[2] and frame.f_code.co_filename not in self.learner_files:
                     return
                 raise self._refuse(hit[1])
@@ -237,7 +255,8 @@ class CodeLock:
             sys.setprofile(previous)
             threading.setprofile(None)
         if self.violations:  # refused, even if the learner's code caught the error and went on
-            raise AnswerKeyError(self.violations[0])
+            first = self.violations[0]
+            raise type(first)(str(first))
 
     def _op_modes(self) -> list:
         from torch.overrides import TorchFunctionMode
@@ -276,8 +295,16 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
         used.update(given)
     pristine = fresh(inputs)
     before = {key: versions(value) for key, value in given.items()}
+    elsewhere = OtherThreads()
     with lock.active() if lock is not None else contextlib.nullcontext():
+        elsewhere.start()
         out = fn(**given) if meter is None else meter(lambda: fn(**given))
+        spent = elsewhere.spent()
+    if spent > OTHER_CPU_S:
+        raise NotAlone(
+            f"`{kata}`'s call had {spent * 1000:.1f} ms of CPU work done in another thread. Graded code runs in the "
+            "thread that calls it: work elsewhere escapes the meters and the answer-key lock. Compute in your "
+            "function itself, and start no thread (at import either).")
     mutated = changed_inputs(given, pristine, before)
     if mutated:
         raise KataFailure(

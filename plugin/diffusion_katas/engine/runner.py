@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,20 +157,24 @@ class Runner:
 
     def __init__(self, source: Path, module: str, grader_modules: list[tuple[str, str]], answer_key: tuple,
                  kata: str, timeout: float, forbidden_ops: tuple = (), learner_files: tuple = (),
-                 answer_key_direct: tuple = ()):
+                 answer_key_direct: tuple = (), memory: int | None = None):
         self.zygote = Zygote.shared()
         self.zygote.load(grader_modules, (source, *learner_files))
         self.pid, self.sock = self.zygote.fork()
         self.timeout = timeout
         self.printed = ""
         self.closed = False
+        self.remote: dict = {}
+        self.remote_failures: list = []
         self.open_reply = self._ask({
             "op": "open", "cwd": os.getcwd(), "sys_path": list(sys.path), "source": str(source), "module": module,
             "grader_modules": grader_modules, "answer_key": tuple(answer_key), "kata": kata,
             "forbidden_ops": tuple(forbidden_ops), "learner_files": [str(p) for p in learner_files],
-            "answer_key_direct": tuple(answer_key_direct)})
+            "answer_key_direct": tuple(answer_key_direct), "memory": memory})
 
     def _ask(self, request: dict, inputs: bytes | None = None) -> dict:
+        """Send a request and wait for its reply, serving the remote models' calls that come first; the time
+        limit covers them all (a model call the grader runs is the learner's time too)."""
         import torch
 
         try:
@@ -178,16 +183,60 @@ class Runner:
                 send(self.sock, inputs)
         except OSError:
             raise self._gone() from None
-        ready, _, _ = select.select([self.sock], [], [], self.timeout)
-        if not ready:
-            self._kill()
-            raise RunnerGone(f"killed after the time limit of {self.timeout:g} s", timed_out=True)
-        blob = recv(self.sock)
-        if blob is None:
-            raise self._gone()
-        data = torch.load(io.BytesIO(blob), weights_only=True)
-        self.printed += data.pop("output_text", "") or ""
-        return data
+        end = time.monotonic() + self.timeout
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                self._kill()
+                raise RunnerGone(f"killed after the time limit of {self.timeout:g} s", timed_out=True)
+            blob = recv(self.sock)
+            if blob is None:
+                raise self._gone()
+            data = torch.load(io.BytesIO(blob), weights_only=True)
+            self.printed += data.pop("output_text", "") or ""
+            if data.get("kind") != "callback":
+                return data
+            try:
+                send(self.sock, self._serve_remote(data))
+            except OSError:
+                raise self._gone() from None
+
+    def _serve_remote(self, data: dict) -> bytes:
+        """Run one call of a remote model (runner_main's RemoteModel) here, under the runner's RNG, and answer
+        with its output and the RNG after it. A KataFailure the model raises (a probe checking its calls) is
+        kept as the check's verdict, whatever the learner's code does with the error it gets."""
+        import torch
+
+        from diffusion_katas.core.spec import KataFailure
+
+        model = self.remote.get(data.get("handle"))
+        args, kwargs = decode(data.get("args") or []), decode(data.get("kwargs") or {})
+        answer: dict = {}
+        if model is None:
+            answer["error"] = ("RuntimeError", "this model was an input of an earlier call: use the one your "
+                                               "function is given")
+        elif _ungradable(args) or _ungradable(kwargs):
+            answer["error"] = ("TypeError", f"{model!r} got an argument of a type that cannot reach it: "
+                                            f"{_ungradable(args) or _ungradable(kwargs)}")
+        else:
+            saved = torch.random.get_rng_state()
+            if data.get("rng") is not None:
+                torch.random.set_rng_state(data["rng"])
+            try:
+                with torch.no_grad():
+                    answer["output"] = model(*args, **kwargs)
+            except KataFailure as exc:
+                self.remote_failures.append(exc)
+                answer["error"] = ("RuntimeError", str(exc).strip())
+            except Exception as exc:  # noqa: BLE001  (the learner's arguments made the model raise)
+                answer["error"] = (type(exc).__name__, str(exc)[:2000])
+            answer["rng"] = torch.random.get_rng_state()
+            torch.random.set_rng_state(saved)
+        try:
+            return pickle.dumps(answer, protocol=5)
+        except Exception as exc:  # noqa: BLE001
+            return pickle.dumps({"error": ("TypeError", f"the model's output could not be sent back: {exc}"),
+                                 "rng": answer.get("rng")}, protocol=5)
 
     def _gone(self) -> RunnerGone:
         how = self.zygote.wait(self.pid)
@@ -201,9 +250,16 @@ class Runner:
         self.closed = True
 
     def call(self, function: str, inputs: dict, rng=None, meter=None) -> dict:
-        """One call of the learner's function; the runner's reply as a dict (kind: ok / raised / ...)."""
-        blob = pickle.dumps(inputs, protocol=5)
-        return self._ask({"op": "call", "function": function, "rng": rng, "meter": meter}, blob)
+        """One call of the learner's function; the runner's reply as a dict (kind: ok / raised / ...).
+        The remote models among the inputs (a class with `kata_remote = True`) stay here: the runner gets
+        stand-ins whose calls `_ask` serves, and `remote_failures` holds what their checks raised."""
+        buffer = io.BytesIO()
+        self.remote, self.remote_failures = {}, []
+        _Outbound(buffer, self.remote).dump(inputs)
+        try:
+            return self._ask({"op": "call", "function": function, "rng": rng, "meter": meter}, buffer.getvalue())
+        finally:
+            self.remote = {}
 
     def close(self) -> None:
         """End the runner and everything its learner code started. Every reply is already in (what it printed
@@ -214,6 +270,32 @@ class Runner:
         self.sock.close()
         _kill_group(self.pid)
         self.zygote.forget(self.pid)
+
+
+class _Outbound(pickle.Pickler):
+    """Pickles a call's inputs; a remote model becomes a persistent id (a handle and what the runner's stand-in
+    shows of it: `remote_view()`), and the model itself stays in `remote`."""
+
+    def __init__(self, file, remote: dict):
+        super().__init__(file, protocol=5)
+        self.remote = remote
+
+    def persistent_id(self, obj):
+        if not getattr(type(obj), "kata_remote", False):
+            return None
+        self.remote[id(obj)] = obj
+        return ("kata-remote", id(obj), obj.remote_view())
+
+
+def _ungradable(value) -> str:
+    """The type name of the first value in a decoded structure that could not cross from the runner."""
+    if isinstance(value, Ungradable):
+        return value.type_name
+    if isinstance(value, (list, tuple)):
+        return next((found for found in map(_ungradable, value) if found), "")
+    if isinstance(value, dict):
+        return next((found for found in map(_ungradable, value.values()) if found), "")
+    return ""
 
 
 def _kill_group(pid: int) -> None:

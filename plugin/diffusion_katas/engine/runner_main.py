@@ -30,7 +30,7 @@ MESSAGE_CAP = 2000  # characters of an exception's message
 FRAMES_CAP = 12  # traceback frames kept (the learner's, or the last ones)
 # Imported by the warm parent so that a runner starts in milliseconds.
 # (the graders themselves are loaded into the warm parent on first use, with what they import).
-PRELOAD = ("torch", "numpy", "diffusion_katas.core.spec", "diffusion_katas.engine.isolation",
+PRELOAD = ("torch", "numpy", "ctypes", "platform", "resource", "diffusion_katas.core.spec", "diffusion_katas.engine.isolation",
            "diffusion_katas.engine.meters")
 
 
@@ -270,6 +270,7 @@ def frames_of(exc: BaseException, learner_files: set[str]) -> list[tuple[str, in
 
 def raised(exc: BaseException, learner_files: set[str]) -> dict:
     from diffusion_katas.core.spec import KataFailure
+    from diffusion_katas.engine.alone import refused_process_note
     from diffusion_katas.engine.isolation import AnswerKeyError
 
     try:
@@ -278,6 +279,7 @@ def raised(exc: BaseException, learner_files: set[str]) -> dict:
         message = "<the exception's message could not be read>"
     if len(message) > MESSAGE_CAP:
         message = message[:MESSAGE_CAP] + f" ... ({len(message):,} characters, capped)"
+    message += refused_process_note(exc) + _memory_note(exc, message)
     data = {"kind": "raised", "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
             "frames": frames_of(exc, learner_files)}
     if isinstance(exc, KataFailure):
@@ -295,6 +297,7 @@ def raised(exc: BaseException, learner_files: set[str]) -> dict:
 def serve(sock: socket.socket) -> None:
     """Answer the grader's requests until it says goodbye (or the connection ends)."""
     captured = Captured()
+    _CHANNEL[:] = [sock, captured]  # what a remote model's call goes through
     module = None
     learner_files: set[str] = set()
     lock = None
@@ -315,7 +318,82 @@ def serve(sock: socket.socket) -> None:
             inputs_blob = recv(sock)
             if inputs_blob is None:
                 return
-            reply(sock, captured, _call(request, pickle.loads(inputs_blob), module, learner_files, lock))
+            reply(sock, captured, _call(request, _Inbound(io.BytesIO(inputs_blob)).load(), module, learner_files, lock))
+
+
+# ---- models the grader runs: a call crosses to the grader's process and back -----------------------------
+# A grader marks a probe's class `kata_remote = True` (engine/helpers.py's DenoiserProbe, say): the runner gets
+# a stand-in that holds no weights and no counts. Each call sends its arguments (and the global RNG) to the
+# grader, which runs the real model, counts and checks the call there, and sends the output (and the RNG) back.
+# Learner code cannot call the model without being counted, nor rewrite what the count says.
+_CHANNEL: list = []
+_REMOTE: list = []
+
+
+class _Inbound(pickle.Unpickler):
+    """The grader's inputs, with its remote models as stand-ins (pickle's persistent ids)."""
+
+    def persistent_load(self, pid):
+        _kind, handle, view = pid
+        return _remote_model()(handle, dict(view))
+
+
+def _remote_model():
+    if _REMOTE:
+        return _REMOTE[0]
+    import torch
+
+    class RemoteModel(torch.nn.Module):
+        """A model that runs in the grader's process. What a kata function reads of it (config, dtype,
+        device, the config's entries as attributes) is a copy; calling it runs the grader's model."""
+
+        def __init__(self, handle: int, view: dict):
+            super().__init__()
+            self.__dict__["_kata_handle"] = handle
+            self.__dict__["_kata_label"] = str(view.pop("label", "a model"))
+            self.__dict__.update(view)
+
+        def forward(self, *args, **kwargs):
+            return _remote_call(self.__dict__["_kata_handle"], args, kwargs)
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                config = self.__dict__.get("config")
+                if config is not None and not name.startswith("_") and name in config:
+                    return config[name]
+                raise AttributeError(f"{self.__dict__['_kata_label']} has no attribute {name!r} here (the model runs "
+                                     "in the grader's process: call it, or read its config, dtype and device)") from None
+
+        def __repr__(self) -> str:
+            return self.__dict__["_kata_label"]
+
+    _REMOTE.append(RemoteModel)
+    return RemoteModel
+
+
+def _remote_call(handle: int, args: tuple, kwargs: dict):
+    import builtins
+
+    import torch
+
+    sock, captured = _CHANNEL
+    reply(sock, captured, {"kind": "callback", "handle": handle, "args": encode(list(args)), "kwargs": encode(kwargs),
+                           "rng": torch.random.get_rng_state()})
+    blob = recv(sock)
+    if blob is None:  # the grader is gone: nothing is left to answer
+        os._exit(0)
+    answer = pickle.loads(blob)
+    if answer.get("rng") is not None:  # as if the model had run here: later draws see its draws
+        torch.random.set_rng_state(answer["rng"])
+    if "error" in answer:
+        name, message = answer["error"]
+        kind = getattr(builtins, name, None)
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            raise kind(message)
+        raise RuntimeError(f"{name}: {message}")
+    return answer["output"]
 
 
 def probe_state(inputs: dict) -> dict:
@@ -392,8 +470,11 @@ def _open(request: dict):
                 load_module(path, name)
             except BaseException as exc:  # noqa: BLE001
                 return None, set(), None, {"kind": "grader_error", "message": f"{type(exc).__name__}: {exc}"[:MESSAGE_CAP]}
+    from diffusion_katas.engine.alone import deny_new_processes
     from diffusion_katas.engine.isolation import CodeLock
 
+    deny_new_processes()  # graded code starts no process of its own, at import or in a call (engine/alone.py)
+    _limit_memory(request.get("memory"))
     source = request["source"]
     learner_files = {source, *request.get("learner_files", ())}
     lock = CodeLock(request.get("answer_key", ()), request.get("kata", ""), request.get("forbidden_ops", ()),
@@ -406,6 +487,33 @@ def _open(request: dict):
         data["kind"] = "import_error"
         return None, learner_files, lock, data
     return module, learner_files, lock, None
+
+
+_MEMORY: list = []  # the limit set, in bytes beyond the runner's start, for the note on a failed allocation
+
+
+def _limit_memory(extra: int | None) -> None:
+    """Cap what learner code can allocate: RLIMIT_DATA (which counts the private memory malloc and mmap hand
+    out) at the runner's own use plus `extra`. Past it an allocation fails (MemoryError, torch's "can't allocate
+    memory") instead of the machine running out: a verdict for the check, and the run goes on."""
+    import resource
+
+    if not extra:
+        return
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+        resource.setrlimit(resource.RLIMIT_DATA, (used + extra, used + extra))
+    except (OSError, ValueError, StopIteration):
+        return
+    _MEMORY[:] = [extra]
+
+
+def _memory_note(exc: BaseException, message: str) -> str:
+    if _MEMORY and (isinstance(exc, MemoryError) or "can't allocate memory" in message):
+        return (f" (the runner's memory limit: {_MEMORY[0] / 2**30:g} GiB beyond its own; set with --kata-memory or "
+                "kata_memory)")
+    return ""
 
 
 def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) -> dict:

@@ -115,7 +115,7 @@ class Learner:
         except Exception:  # noqa: BLE001  (no grader to read: the pipelines alone are refused)
             pass
         try:
-            self.runner = Runner(source, f"_learner_{lab}", [], answer_key, picture.function, timeout)
+            self.runner = Runner(source, f"_learner_{lab}", [], answer_key, picture.function, timeout, memory=4 * 2**30)
         except RunnerGone as gone:
             raise Stop(1, f"importing {self.rel} ended its process ({gone.how})") from None
         opened = self.runner.open_reply

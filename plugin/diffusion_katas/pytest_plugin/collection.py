@@ -153,7 +153,8 @@ class KataItem(pytest.Item):
             self.runner = Runner(
                 kata_file.source, f"_learner_{lab}", [(str(session.course.grader(lab)), f"diffusion_katas_grader_{lab}")],
                 self.kata.answer_key, self.kata.name, session.timeout, self.kata.forbidden_ops,
-                tuple(kata_file.learner_files()), self.kata.answer_key_direct)
+                tuple(kata_file.learner_files()), self.kata.answer_key_direct,
+                memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30))
         except RunnerGone as gone:  # the kata file ended its process while it was being imported
             rel = session.rel(kata_file.source)
             if gone.timed_out:
@@ -223,6 +224,9 @@ class KataItem(pytest.Item):
             raise self._gone(gone) from None
         self._echo()
         self.last_called = data.get("called") or []
+        if self.runner.remote_failures:  # a remote model's own check of a call (caught there or not)
+            first = self.runner.remote_failures[0]
+            raise KataFailure(f"{self.last_context}\n{first}", first.reason, first.detail) from None
         kind = data.get("kind")
         self.last_generators = data.get("generators") or {}
         if kind == "ok":

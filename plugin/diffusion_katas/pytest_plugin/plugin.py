@@ -44,6 +44,8 @@ HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default)
 FUNCTION_HELP = "Grade only this kata function (exact name; repeat for several)"
 JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
 TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pytest-timeout)"
+MEMORY_HELP = ("GiB of memory the learner's code may take beyond what its process starts with (the warm runner's "
+               "own); past it an allocation fails, and the check with it (GPU checks are not limited)")
 KATA_DIR_HELP = "Folder of the learner's kata files, relative to the rootdir"
 SOLUTIONS_DIR_HELP = "Folder of the solved kata files, relative to the rootdir"
 GRADERS_DIR_HELP = "Folder of the graders, one per kata file and named like it, relative to the rootdir"
@@ -65,6 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-seed", type=int, default=None, metavar="N", help=SEED_HELP)
     group.addoption("--kata-hints", type=int, default=None, metavar="N", help=HINTS_HELP)
     group.addoption("--kata-timeout", type=float, default=None, metavar="SECONDS", help=TIMEOUT_HELP)
+    group.addoption("--kata-memory", type=float, default=None, metavar="GIB", help=MEMORY_HELP)
     group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
     group.addoption("--kata-hints-unseen", action="store_true", default=False, help=UNSEEN_HELP)
     group.addoption("--kata-reuse-builds", action="store_true", default=False, help=REUSE_HELP)
@@ -76,6 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-hidden-output", choices=("name-only", "full"), default="name-only",
                     help=HIDDEN_OUTPUT_HELP)
     parser.addini("kata_timeout", TIMEOUT_HELP, default="120")
+    parser.addini("kata_memory", MEMORY_HELP, default="4")
     parser.addini("kata_dir", KATA_DIR_HELP, default="katas")
     parser.addini("kata_solutions_dir", SOLUTIONS_DIR_HELP, default="solutions")
     parser.addini("kata_graders_dir", GRADERS_DIR_HELP, default="graders")
@@ -103,6 +107,15 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError:
             raise pytest.UsageError(f"kata_timeout must be a number of seconds, "
                                     f"got {config.getini('kata_timeout')!r} from the config file")
+    memory = config.getoption("kata_memory")
+    if memory is None:
+        try:
+            memory = float(config.getini("kata_memory"))
+        except ValueError:
+            raise pytest.UsageError(f"kata_memory must be a number of GiB, "
+                                    f"got {config.getini('kata_memory')!r} from the config file")
+    if memory <= 0:
+        raise pytest.UsageError(f"--kata-memory takes a positive number of GiB, got {memory:g}")
     hints = config.getoption("kata_hints")
     if hints is not None and not 0 <= hints <= 3:
         raise pytest.UsageError(f"--kata-hints takes 0 to 3, got {hints} from the command line")
@@ -117,6 +130,7 @@ def pytest_configure(config: pytest.Config) -> None:
         seed_given=seed is not None,
         hint_tiers=hints,
         timeout=timeout,
+        memory_gib=memory,
         json_path=_path(config.getoption("kata_json")),
         gradescope_path=_path(config.getoption("gradescope")),
         hidden_seed=hidden_seed if hidden_seed is not None else (0 if hidden_cases else None),

@@ -18,6 +18,7 @@ class KataSession:
     seed_given: bool
     hint_tiers: int | None  # --kata-hints; None: reveal one more tier per consecutive failure
     timeout: float
+    memory_gib: float = 4.0  # --kata-memory: what learner code may allocate beyond the runner's start
     json_path: Path | None = None  # --kata-json
     gradescope_path: Path | None = None  # --gradescope
     # Hidden checks: the instructor's seed and extra cases ("lab::function::check" -> [case]).
