@@ -103,7 +103,8 @@ def cmd_watch(args) -> int:
         events = file_events()
         how = (f"file events via watchfiles, and a check every {seconds_text(args.interval)} s" if events
                else f"polling every {seconds_text(args.interval)} s")
-        header = f"watching {course.rel(kata)} ({how}) · seed {seed} · Ctrl-C to stop"
+        header = (f"graded {course.rel(kata)} once · seed {seed}" if args.once else
+                  f"watching {course.rel(kata)} ({how}) · seed {seed} · Ctrl-C to stop")
         since = before[lab] if grading is not None and lab in before else signature(kata)
         grading_before = grading
         shape = None  # the code the last grading saw (incremental.py): None until a full grading of this lab
@@ -136,6 +137,8 @@ def progress_lines(course: Course, report: dict, attempted: set[str] = frozenset
     (one of them without grades could not be collected)."""
     labs = course.labs()
     width = max([len(lab) for lab in labs] + [3])
+    entries = [lab_entry(report, lab) for lab in labs]
+    bars = max([counts(entry)[1] for entry in entries if entry is not None] + [6])  # one column for every lab
     lines = []
     for lab in labs:
         entry = lab_entry(report, lab)
@@ -165,7 +168,7 @@ def progress_lines(course: Course, report: dict, attempted: set[str] = frozenset
         edited = ""
         if lab not in attempted and record.lab_changed(course, entry):
             edited = "  (edited since)" if entry.get("files") else "  (partly graded)"
-        lines.append(f"  {lab:<{width}}  {solved:>2}/{total:<2} {bar:<{max(total, 6)}}  {todo}{edited}")
+        lines.append(f"  {lab:<{width}}  {solved:>2}/{total:<2} {bar:<{bars}}  {todo}{edited}")
     found = next_todo(report)
     lines.append("")
     if found is None:
