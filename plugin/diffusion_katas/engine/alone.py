@@ -52,12 +52,16 @@ def _program(machine: str) -> list[tuple[int, int, int, int]]:
     return rows
 
 
-def deny_new_processes() -> bool:
-    """Install the filter in this process (every thread of it, for good). False where it cannot be (not Linux,
-    another architecture, a kernel without seccomp): the runner then goes on without it."""
+_PREPARED: list = []  # (libc, program, seccomp's number): built once in the warm parent, used by each runner
+
+
+def prepare() -> bool:
+    """Build the filter and find libc, once (the warm parent does it, so a runner only installs)."""
     import ctypes
     import platform
 
+    if _PREPARED:
+        return True
     machine = platform.machine()
     if machine not in _ARCH:
         return False
@@ -70,13 +74,27 @@ def deny_new_processes() -> bool:
 
     rows = _program(machine)
     table = (Row * len(rows))(*[Row(*row) for row in rows])
-    program = Program(len(rows), table)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    _PREPARED[:] = [libc, Program(len(rows), table), table, _SYSCALLS[machine]["seccomp"]]
+    return True
+
+
+def deny_new_processes() -> bool:
+    """Install the filter in this process (every thread of it, for good). False where it cannot be (not Linux,
+    another architecture, a kernel without seccomp): the runner then goes on without it."""
+    import ctypes
+
+    if not prepare():
+        return False
+    libc, program, _table, seccomp = _PREPARED
+    try:
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: what lets an unprivileged process filter
             return False
         # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC): every thread, or prctl for this one
-        if libc.syscall(_SYSCALLS[machine]["seccomp"], 1, 1, ctypes.byref(program)) == 0:
+        if libc.syscall(seccomp, 1, 1, ctypes.byref(program)) == 0:
             return True
         return libc.prctl(22, 2, ctypes.byref(program), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
     except (OSError, AttributeError):

@@ -66,6 +66,7 @@ def zygote(control_fd: int) -> None:
         except Exception:  # noqa: BLE001  (a missing optional module only costs a runner its warm start)
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the grader's to handle
+    _prepare_runners()
     loaded: dict[str, tuple[str, int]] = {}
     forgotten: set[int] = set()  # killed runners whose end nobody waits for: reaped when they are gone
     while True:
@@ -84,6 +85,7 @@ def zygote(control_fd: int) -> None:
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
             answer = _load_graders(command, loaded)
+            _prepare_runners()  # the graders' memory is the runners' starting point
             control.sendall((answer + "\n").encode())
         elif command["op"] == "fork" and fds:
             # Python's advice for fork without exec: what the runner inherits (torch, diffusers, the graders)
@@ -490,6 +492,23 @@ def _open(request: dict):
 
 
 _MEMORY: list = []  # the limit set, in bytes beyond the runner's start, for the note on a failed allocation
+_START_DATA: list = []  # the warm parent's data size, which each runner starts from
+
+
+def _prepare_runners() -> None:
+    """What every runner needs and the warm parent can do once: the process filter built, its data size read."""
+    from diffusion_katas.engine.alone import prepare
+
+    prepare()
+    _START_DATA[:] = [_data_size()]
+
+
+def _data_size() -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 def _limit_memory(extra: int | None) -> None:
@@ -498,13 +517,12 @@ def _limit_memory(extra: int | None) -> None:
     memory") instead of the machine running out: a verdict for the check, and the run goes on."""
     import resource
 
-    if not extra:
+    used = _START_DATA[0] if _START_DATA and _START_DATA[0] else _data_size()
+    if not extra or used is None:
         return
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
         resource.setrlimit(resource.RLIMIT_DATA, (used + extra, used + extra))
-    except (OSError, ValueError, StopIteration):
+    except (OSError, ValueError):
         return
     _MEMORY[:] = [extra]
 
