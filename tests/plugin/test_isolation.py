@@ -318,8 +318,20 @@ def test_a_remote_model_cannot_be_reached_around_its_count(toy):
     _remote_lab(toy, """
         found = [o for o in gc.get_objects() if type(o).__name__ == "Counted"]
         assert not found, "the grader's model is here, to be called uncounted"
-        assert not hasattr(model, "calls") and not hasattr(model, "__call__.__func__")
+        assert not hasattr(model, "calls")  # the stand-in holds no count to read or rewrite
         return model(x)
+    """)
+    result = toy.run("katas/02_remote.py")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_remote_model_refuses_inputs_far_beyond_its_size_and_the_run_goes_on(toy):
+    _remote_lab(toy, """
+        try:
+            model(torch.zeros(2**23))  # 32 MiB for the grader's process to take in
+        except ValueError as exc:
+            assert "MiB of tensors in one call" in str(exc), exc
+        return model(x)  # the refused call was not counted: this one is the first
     """)
     result = toy.run("katas/02_remote.py")
     result.assert_outcomes(passed=2)

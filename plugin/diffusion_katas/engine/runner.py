@@ -218,6 +218,10 @@ class Runner:
         elif _ungradable(args) or _ungradable(kwargs):
             answer["error"] = ("TypeError", f"{model!r} got an argument of a type that cannot reach it: "
                                             f"{_ungradable(args) or _ungradable(kwargs)}")
+        elif _tensor_bytes([args, kwargs]) > REMOTE_INPUT_CAP:
+            answer["error"] = ("ValueError", f"{model!r} got {_tensor_bytes([args, kwargs]) / 2**20:.0f} MiB of "
+                                             f"tensors in one call; the tiny models here take kilobytes (at most "
+                                             f"{REMOTE_INPUT_CAP // 2**20} MiB a call)")
         else:
             saved = torch.random.get_rng_state()
             if data.get("rng") is not None:
@@ -285,6 +289,23 @@ class _Outbound(pickle.Pickler):
             return None
         self.remote[id(obj)] = obj
         return ("kata-remote", id(obj), obj.remote_view())
+
+
+# A remote model runs in the grader's process, so a call's inputs are capped there: the tiny models' real
+# inputs are kilobytes (8x8 latents, 77-token embeddings), and a huge one would cost the grader, not the runner.
+REMOTE_INPUT_CAP = 16 * 2**20
+
+
+def _tensor_bytes(value) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(map(_tensor_bytes, value))
+    if isinstance(value, dict):
+        return sum(map(_tensor_bytes, value.values()))
+    return 0
 
 
 def _ungradable(value) -> str:
