@@ -13,11 +13,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import logging
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+
+# transformers notes once per process, when a diffusers pipeline module imports CLIPImageProcessor, that without
+# torchvision its image processors fall back to PIL: these checks never run an image processor, and the note
+# would land in the captured output of whichever check imported a pipeline first.
+logging.getLogger("transformers.utils.import_utils").setLevel(logging.ERROR)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
