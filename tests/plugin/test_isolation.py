@@ -361,3 +361,15 @@ def test_a_memory_blow_up_fails_its_check_and_the_run_goes_on(toy):
     result.stdout.fnmatch_lines(["*can't allocate memory*the runner's memory limit: 0.5 GiB beyond its own*"])
     result.stdout.fnmatch_lines(["*your function raised MemoryError*"])
     result.assert_outcomes(passed=1, failed=2)
+
+
+def test_numpy_in_a_learners_function_is_no_work_in_another_thread(toy):
+    toy.kata(double="""
+        import numpy as np
+        a = np.random.rand(600, 600)
+        for _ in range(5):
+            a = np.tanh(a @ a)  # BLAS: threaded by default, one thread in the runner
+        return x * 2
+    """)
+    result = toy.run("katas", "--kata-function", "double")
+    result.assert_outcomes(passed=2)

@@ -78,6 +78,12 @@ class Zygote:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
         for key in [k for k in env if k.startswith("KATA_HIDDEN")]:
             env.pop(key)  # the instructor's hidden seed never reaches the learner's side
+        # Libraries' own thread pools run as many threads as torch does (KATA_THREADS, 1 by default), read when they
+        # load: numpy's OpenBLAS would otherwise work in a second thread, which at one thread the runner counts
+        # as work done outside the learner's call (engine/alone.py), and tokenizers' Rust pool likewise.
+        threads = env.get("KATA_THREADS", "1")
+        env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+                   TOKENIZERS_PARALLELISM="false" if threads == "1" else "true")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "diffusion_katas.engine.runner_main", str(child.fileno())],
             pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
