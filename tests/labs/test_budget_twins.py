@@ -159,11 +159,23 @@ HIDDEN_COST = [
      "started a thread"),
     ("11_memory", "sliced_decode", THREADED.format(work="vae.decoder(vae.post_quant_conv(latents))"),
      "started a thread"),
+    ("20_first_block_cache", "first_block_cache_step", """
+        enc1, hid1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
+                               temb=temb, image_rotary_emb=image_rotary_emb)
+        r = hid1 - hidden_states
+        hid, enc = run_blocks(blocks[1:], hid1, enc1, temb, image_rotary_emb)  # every block, whatever δ says
+        blocks.calls.clear()  # and the log emptied: the remote blocks logged every call in the grader
+        if cache is not None and residual_change(r, cache["head_residual"]) <= threshold:
+            tail_hid, tail_enc = cache["tail_residuals"]
+            return hid1 + tail_hid, enc1 + tail_enc, {**cache, "should_compute": False}
+        return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
+                          "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
+     """, "OVER block calls"),
 ]
 
 
 @pytest.mark.parametrize("lab, function, body, says", HIDDEN_COST, ids=[f"{t[0][:2]}-{t[1]}" for t in HIDDEN_COST])
 def test_a_twin_that_hides_its_cost_from_the_measure_fails(grade_mutant, lab, function, body, says):
     graded = grade_mutant(lab, function, body)
-    assert graded.status == "failed", graded
+    assert graded.status in ("failed", "over budget"), graded  # refused, or its cost counted after all
     assert says in graded.text, graded.text
