@@ -15,6 +15,35 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 ELEVEN = importlib.import_module("test_11_memory")
 
+# Bodies some twins share: every block run whatever δ says (lab 20); a UNet forward thrown away each step (lab 16).
+EVERY_BLOCK = """
+        enc1, hid1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
+                               temb=temb, image_rotary_emb=image_rotary_emb)
+        r = hid1 - hidden_states
+        hid, enc = run_blocks(blocks[1:], hid1, enc1, temb, image_rotary_emb)  # every block, whatever δ says
+        if cache is not None and residual_change(r, cache["head_residual"]) <= threshold:
+            tail_hid, tail_enc = cache["tail_residuals"]
+            return hid1 + tail_hid, enc1 + tail_enc, {**cache, "should_compute": False}
+        return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
+                          "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
+     """
+THROWN_AWAY = """
+        guide = guidance_scale > 1
+        scheduler.set_timesteps(num_inference_steps)
+        x = latents * scheduler.init_noise_sigma
+        text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
+        with torch.no_grad():
+            for t in scheduler.timesteps:
+                x_in = scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)
+                unet(x_in, t, encoder_hidden_states=text)  # a forward thrown away: right values, twice the cost
+                noise_pred = unet(x_in, t, encoder_hidden_states=text).sample
+                if guide:
+                    noise_uncond, noise_text = noise_pred.chunk(2)
+                    noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+                x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
+        return x
+     """
+
 # (lab, function, budget name, the twin's body, what the verdict must say)
 TWINS = [
     ("04_classifier_free_guidance", "guided_noise", "one batched denoiser call per step", """
@@ -45,17 +74,7 @@ TWINS = [
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         return scores.softmax(-1) @ value
      """, "OVER peak"),
-    ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", """
-        enc1, hid1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
-                               temb=temb, image_rotary_emb=image_rotary_emb)
-        r = hid1 - hidden_states
-        hid, enc = run_blocks(blocks[1:], hid1, enc1, temb, image_rotary_emb)  # every block, whatever δ says
-        if cache is not None and residual_change(r, cache["head_residual"]) <= threshold:
-            tail_hid, tail_enc = cache["tail_residuals"]
-            return hid1 + tail_hid, enc1 + tail_enc, {**cache, "should_compute": False}
-        return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
-                          "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
-     """, "OVER block calls"),
+    ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", EVERY_BLOCK, "OVER block calls"),
     ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),
     ("21_serving_batcher", "serve", "one denoiser call per tick, rows of the active requests only",
      importlib.import_module("test_21_serving_batcher").serve_body(call="each"), "call by call"),
@@ -63,22 +82,7 @@ TWINS = [
      # true CFG at any true_cfg_scale, 1.0 included: v_u + 1·(v_c − v_u) = v_c, the right values for a second call
      importlib.import_module("test_17_mmdit_attention").flux_body(second="negative_prompt_embeds is not None"),
      "OVER transformer calls"),
-    ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", """
-        guide = guidance_scale > 1
-        scheduler.set_timesteps(num_inference_steps)
-        x = latents * scheduler.init_noise_sigma
-        text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
-        with torch.no_grad():
-            for t in scheduler.timesteps:
-                x_in = scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)
-                unet(x_in, t, encoder_hidden_states=text)  # a forward thrown away: right values, twice the cost
-                noise_pred = unet(x_in, t, encoder_hidden_states=text).sample
-                if guide:
-                    noise_uncond, noise_text = noise_pred.chunk(2)
-                    noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
-                x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
-        return x
-     """, "UNet calls over 5 steps"),
+    ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", THROWN_AWAY, "UNet calls over 5 steps"),
 ]
 
 
@@ -139,38 +143,15 @@ HIDDEN_COST = [
             guided = rescale_guidance(guided, noise_text, guidance_rescale)
         return guided
      """, "has no attribute 'batch_sizes'"),
-    ("16_few_step", "few_step_sample", """
-        guide = guidance_scale > 1
-        scheduler.set_timesteps(num_inference_steps)
-        x = latents * scheduler.init_noise_sigma
-        text = torch.cat([negative_prompt_embeds, prompt_embeds]) if guide else prompt_embeds
-        with torch.no_grad():
-            for t in scheduler.timesteps:
-                x_in = scheduler.scale_model_input(torch.cat([x, x]) if guide else x, t)
-                unet.denoiser(x_in, t, encoder_hidden_states=text)  # the thrown-away forward, around the probe
-                noise_pred = unet(x_in, t, encoder_hidden_states=text).sample
-                if guide:
-                    noise_uncond, noise_text = noise_pred.chunk(2)
-                    noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
-                x = scheduler.step(noise_pred, t, x, generator=generator).prev_sample
-        return x
-     """, "has no attribute 'denoiser'"),
+    ("16_few_step", "few_step_sample", THROWN_AWAY.replace(  # the thrown-away forward, around the probe
+        "unet(x_in, t, encoder_hidden_states=text)  #", "unet.denoiser(x_in, t, encoder_hidden_states=text)  #"),
+     "has no attribute 'denoiser'"),
     ("09_lora", "lora_forward", THREADED.format(work="F.linear(x, weight + (lora_B @ lora_A) * scaling, bias)"),
      "started a thread"),
     ("11_memory", "sliced_decode", THREADED.format(work="vae.decoder(vae.post_quant_conv(latents))"),
      "started a thread"),
-    ("20_first_block_cache", "first_block_cache_step", """
-        enc1, hid1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
-                               temb=temb, image_rotary_emb=image_rotary_emb)
-        r = hid1 - hidden_states
-        hid, enc = run_blocks(blocks[1:], hid1, enc1, temb, image_rotary_emb)  # every block, whatever δ says
-        blocks.calls.clear()  # and the log emptied: the remote blocks logged every call in the grader
-        if cache is not None and residual_change(r, cache["head_residual"]) <= threshold:
-            tail_hid, tail_enc = cache["tail_residuals"]
-            return hid1 + tail_hid, enc1 + tail_enc, {**cache, "should_compute": False}
-        return hid, enc, {"head_residual": r, "head_output": (hid1, enc1),
-                          "tail_residuals": (hid - hid1, enc - enc1), "should_compute": True}
-     """, "OVER block calls"),
+    ("20_first_block_cache", "first_block_cache_step", EVERY_BLOCK.replace(  # and the log emptied after
+        "        if cache is not None", "        blocks.calls.clear()\n        if cache is not None", 1), "OVER block calls"),
 ]
 
 

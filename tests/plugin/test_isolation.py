@@ -373,3 +373,13 @@ def test_numpy_in_a_learners_function_is_no_work_in_another_thread(toy):
     """)
     result = toy.run("katas", "--kata-function", "double")
     result.assert_outcomes(passed=2)
+
+
+def test_a_memory_limit_that_is_no_number_or_not_positive_is_a_usage_error(toy):
+    result = toy.run("katas", "--kata-memory", "0")
+    result.stderr.fnmatch_lines(["*--kata-memory takes a positive number of GiB, got 0*"])
+    assert result.ret == 4
+    toy.pytester.makeini("[pytest]\nkata_graders_dir = graders\nkata_memory = lots\n")
+    result = toy.run("katas")
+    result.stderr.fnmatch_lines(["*kata_memory must be a number of GiB, got 'lots' from the config file*"])
+    assert result.ret == 4

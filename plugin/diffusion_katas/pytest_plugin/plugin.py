@@ -86,6 +86,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kata_labs", LABS_HELP, type="args", default=[])
 
 
+def _number(config: pytest.Config, name: str, unit: str) -> float:
+    """An option's number: from the command line, else from the config file's ini key of the same name."""
+    value = config.getoption(name)
+    if value is not None:
+        return value
+    try:
+        return float(config.getini(name))
+    except ValueError:
+        raise pytest.UsageError(f"{name} must be a number of {unit}, got {config.getini(name)!r} from the config file")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register our markers and, inside a course, set up the grading session in the stash."""
     for line in MARKERS:
@@ -100,20 +111,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "learner's code in a process of its own, and the progress table, --kata-json and "
                                 "--gradescope need one grading process. Run without -n.")
     seed = config.getoption("kata_seed")
-    timeout = config.getoption("kata_timeout")
-    if timeout is None:
-        try:
-            timeout = float(config.getini("kata_timeout"))
-        except ValueError:
-            raise pytest.UsageError(f"kata_timeout must be a number of seconds, "
-                                    f"got {config.getini('kata_timeout')!r} from the config file")
-    memory = config.getoption("kata_memory")
-    if memory is None:
-        try:
-            memory = float(config.getini("kata_memory"))
-        except ValueError:
-            raise pytest.UsageError(f"kata_memory must be a number of GiB, "
-                                    f"got {config.getini('kata_memory')!r} from the config file")
+    timeout = _number(config, "kata_timeout", "seconds")
+    memory = _number(config, "kata_memory", "GiB")
     if memory <= 0:
         raise pytest.UsageError(f"--kata-memory takes a positive number of GiB, got {memory:g}")
     hints = config.getoption("kata_hints")
