@@ -383,3 +383,39 @@ def test_a_memory_limit_that_is_no_number_or_not_positive_is_a_usage_error(toy):
     result = toy.run("katas")
     result.stderr.fnmatch_lines(["*kata_memory must be a number of GiB, got 'lots' from the config file*"])
     assert result.ret == 4
+
+
+def test_switching_off_torchs_modes_in_a_call_fails_it_and_printing_a_tensor_does_not(toy):
+    toy.kata(double="""
+        from torch.utils._python_dispatch import _disable_current_modes
+        print(x)  # torch's own printing switches the modes off for itself: allowed
+        with _disable_current_modes():  # the meters and the refused operators, gone for what runs here
+            junk = [torch.ones(1000) for _ in range(50)]
+            return x * 2
+    """, normalize="torch._C._pop_torch_dispatch_stack()\nreturn x / x.norm()", stay_put="print(x)\nreturn x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*`double` switched off torch's dispatch modes (_disable_current_modes)*"])
+    result.assert_outcomes(passed=1, failed=2)
+
+
+def test_the_rng_state_a_call_gets_does_not_carry_the_seed_and_torch_threads_are_reset(toy):
+    path = toy.pytester.path / "katas" / "01_toy.py"
+    toy.kata(double="assert torch.initial_seed() == 0, torch.initial_seed()\n"
+                    "assert torch.get_num_threads() == 1, torch.get_num_threads()\nreturn x * 2")
+    path.write_text(path.read_text().replace("import toyref\n", "import toyref\ntorch.set_num_threads(2)\n", 1))
+    result = toy.run("katas", "--kata-function", "double", "--kata-seed", "7")
+    result.assert_outcomes(passed=2)
+
+
+def test_shared_memory_counts_against_the_memory_limit(toy):
+    toy.kata(double="""
+        import mmap, os
+        fd = os.open("/dev/shm/kata-test-blow-up", os.O_CREAT | os.O_RDWR, 0o600)
+        os.unlink("/dev/shm/kata-test-blow-up")
+        os.ftruncate(fd, 2**30)
+        view = mmap.mmap(fd, 2**30, mmap.MAP_SHARED)  # not the data segment: the address space
+        return x * 2
+    """)
+    result = toy.run("katas", "--kata-function", "double", "--kata-memory", "0.5")
+    result.stdout.fnmatch_lines(["*Cannot allocate memory (the runner's memory limit: 0.5 GiB beyond its own*"])
+    result.assert_outcomes(failed=1)

@@ -109,14 +109,23 @@ def thread_starters() -> list:
     return [getattr(_thread, name) for name in names if hasattr(_thread, name)]
 
 
+_WATCH: list = []  # decided by `watch_threads` before the learner's file is imported: learner code cannot turn it off
+
+
+def watch_threads(threads: int) -> None:
+    """Read other threads' time in this runner where torch grades with one thread (set before any learner code)."""
+    _WATCH[:] = [threads == 1]
+
+
 class OtherThreads:
     """CPU seconds the process's other threads spent between `start()` and `spent()` (exited ones included)."""
 
     def __init__(self):
         import torch
 
-        # Only where no thread of torch's own works beside the caller: one intra-op thread, no CUDA.
-        self.watching = torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
+        # Only where no thread of torch's own works beside the caller: one intra-op thread (as the runner was
+        # opened; a learner's torch.set_num_threads does not change it), and no CUDA.
+        self.watching = bool(_WATCH and _WATCH[0]) and not torch.cuda.is_initialized()
         self._process = self._thread = 0.0
 
     def start(self) -> None:

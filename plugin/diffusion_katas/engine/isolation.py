@@ -25,6 +25,14 @@ class NotAlone(RuntimeError):
 
 
 _THREAD = "a thread"  # the lock's mark on the functions that start one
+_SWITCH = "a mode switch"
+# What switches torch's dispatch modes off (the meters, the refused operators): refused when learner code calls it.
+# torch calls some of them itself (printing a tensor under a mode), so only a learner's own call is refused.
+MODE_SWITCHES = ("torch.utils._python_dispatch._disable_current_modes",
+                 "torch.utils._python_dispatch._pop_mode_temporarily", "torch.utils._python_dispatch._pop_mode",
+                 "torch.overrides._pop_mode_temporarily", "torch.overrides._pop_mode",
+                 "torch._C._pop_torch_dispatch_stack", "torch._C._pop_torch_function_stack",
+                 "torch._C._unset_dispatch_mode", "torch._C._set_dispatch_mode")
 
 
 def fresh(value: Any) -> Any:
@@ -190,6 +198,17 @@ class CodeLock:
                 self.builtins[id(builtin)] = (builtin, path, direct)
         for starter in thread_starters():  # graded code runs alone (engine/alone.py)
             self.builtins[id(starter)] = (starter, _THREAD, False)
+        self.switches: dict[int, Any] = {}  # id -> code (a code object's own hash reads all its bytes)
+        for path in MODE_SWITCHES:
+            try:
+                functions, builtin = _functions_at(path), _builtin_at(path)
+            except (ImportError, AttributeError):
+                continue
+            for function in functions:  # a contextmanager's generator code runs under contextlib's __enter__
+                code = getattr(function, "__wrapped__", function).__code__
+                self.switches[id(code)] = code
+            if builtin is not None:
+                self.builtins[id(builtin)] = (builtin, _SWITCH, True)
 
     def _refuse(self, what: str) -> AnswerKeyError:
         message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against (or a "
@@ -204,6 +223,12 @@ class CodeLock:
             "escapes the meters and the answer-key lock. Compute in your function itself."))
         return self.violations[-1]
 
+    def _switched_off(self, what: str) -> NotAlone:
+        self.violations.append(NotAlone(
+            f"`{self.kata}` switched off torch's dispatch modes ({what}): they are how the grader measures your "
+            "function and refuses the answer's operator. Leave them on."))
+        return self.violations[-1]
+
     def _hook(self, frame, event, arg):
         if event == "c_call":
             hit = self.builtins.get(id(arg))
@@ -212,11 +237,20 @@ class CodeLock:
                     raise self._not_alone()
                 if hit[2] and frame.f_code.co_filename not in self.learner_files:
                     return
+                if hit[1] is _SWITCH:
+                    raise self._switched_off(getattr(arg, "__name__", "?"))
                 raise self._refuse(hit[1])
             return
         if event != "call":
             return
         code = frame.f_code
+        if self.switches.get(id(code)) is code:
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_filename == contextlib.__file__:
+                caller = caller.f_back
+            if caller is not None and caller.f_code.co_filename in self.learner_files:
+                raise self._switched_off(code.co_name)
+            return
         seen = self._seen.get(id(code))
         if seen is None or seen[0] is not code:
             mine = code.co_filename in self.learner_files

@@ -472,17 +472,18 @@ def _open(request: dict):
 
     os.chdir(request["cwd"])
     sys.path[:] = list(request["sys_path"])
-    torch.set_num_threads(int(os.environ.get("KATA_THREADS", "1")))
+    torch.set_num_threads(_threads())
     for path, name in request.get("grader_modules", ()):
         if name not in sys.modules:  # normally loaded by the warm parent already
             try:
                 load_module(path, name)
             except BaseException as exc:  # noqa: BLE001
                 return None, set(), None, {"kind": "grader_error", "message": f"{type(exc).__name__}: {exc}"[:MESSAGE_CAP]}
-    from diffusion_katas.engine.alone import deny_new_processes
+    from diffusion_katas.engine.alone import deny_new_processes, watch_threads
     from diffusion_katas.engine.isolation import CodeLock
 
     deny_new_processes()  # graded code starts no process of its own, at import or in a call (engine/alone.py)
+    watch_threads(_threads())
     _limit_memory(request.get("memory"))
     source = request["source"]
     learner_files = {source, *request.get("learner_files", ())}
@@ -498,8 +499,12 @@ def _open(request: dict):
     return module, learner_files, lock, None
 
 
+def _threads() -> int:
+    return int(os.environ.get("KATA_THREADS", "1"))
+
+
 _MEMORY: list = []  # the limit set, in bytes beyond the runner's start, for the note on a failed allocation
-_START_DATA: list = []  # the warm parent's data size, which each runner starts from
+_START_DATA: list = []  # the warm parent's address-space size, which each runner starts from
 
 
 def _prepare_runners() -> None:
@@ -513,29 +518,32 @@ def _prepare_runners() -> None:
 def _data_size() -> int | None:
     try:
         with open("/proc/self/status", encoding="ascii") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
     except (OSError, ValueError, StopIteration):
         return None
 
 
 def _limit_memory(extra: int | None) -> None:
-    """Cap what learner code can allocate: RLIMIT_DATA (which counts the private memory malloc and mmap hand
-    out) at the runner's own use plus `extra`. Past it an allocation fails (MemoryError, torch's "can't allocate
-    memory") instead of the machine running out: a verdict for the check, and the run goes on."""
+    """Cap what learner code can map: RLIMIT_AS (every mapping, shared memory such as /dev/shm included) at the
+    runner's own size plus `extra`. Past it an allocation fails (MemoryError, torch's "can't allocate memory")
+    instead of the machine running out: a verdict for the check, and the run goes on."""
     import resource
 
     used = _START_DATA[0] if _START_DATA and _START_DATA[0] else _data_size()
     if not extra or used is None:
         return
     try:
-        resource.setrlimit(resource.RLIMIT_DATA, (used + extra, used + extra))
+        resource.setrlimit(resource.RLIMIT_AS, (used + extra, used + extra))
     except (OSError, ValueError):
         return
     _MEMORY[:] = [extra]
 
 
 def _memory_note(exc: BaseException, message: str) -> str:
-    if _MEMORY and (isinstance(exc, MemoryError) or "can't allocate memory" in message):
+    import errno
+
+    if _MEMORY and (isinstance(exc, MemoryError) or "can't allocate memory" in message
+                    or isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return (f" (the runner's memory limit: {_MEMORY[0] / 2**30:g} GiB beyond its own; set with --kata-memory or "
                 "kata_memory)")
     return ""
@@ -549,6 +557,7 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
     fn = getattr(module, request["function"], None)
     if not callable(fn):
         return {"kind": "missing_function"}
+    torch.set_num_threads(_threads())  # what grading runs with, whatever the learner's file set at import
     if request.get("rng") is not None:
         torch.random.set_rng_state(request["rng"])
     used: dict = {}
