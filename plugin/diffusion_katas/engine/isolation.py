@@ -244,19 +244,20 @@ class CodeLock:
         if event != "call":
             return
         code = frame.f_code
-        if self.switches.get(id(code)) is code:
+        seen = self._seen.get(id(code))  # what is known of this code, read once: the hook sees every Python call
+        if seen is None or seen[0] is not code:
+            mine = code.co_filename in self.learner_files
+            key = fingerprint(code) if self.locked and not mine else None
+            seen = (code, self.locked.get(key) if key else None, key in self.direct, mine,
+                    self.switches.get(id(code)) is code)
+            self._seen[id(code)] = seen
+        if seen[4]:  # a mode switch: refused where the learner's own code turned it on
             caller = frame.f_back
             while caller is not None and caller.f_code.co_filename == contextlib.__file__:
                 caller = caller.f_back
             if caller is not None and caller.f_code.co_filename in self.learner_files:
                 raise self._switched_off(code.co_name)
             return
-        seen = self._seen.get(id(code))
-        if seen is None or seen[0] is not code:
-            mine = code.co_filename in self.learner_files
-            key = fingerprint(code) if self.locked and not mine else None
-            seen = (code, self.locked.get(key) if key else None, key in self.direct, mine)
-            self._seen[id(code)] = seen
         if seen[3]:
             self.called.add((code.co_filename, code.co_name))
             return
