@@ -52,6 +52,7 @@ def _program(machine: str) -> list[tuple[int, int, int, int]]:
     return rows
 
 
+_INSTALLED: list = []  # whether this process runs under the filter (a refused fork's note says so only then)
 _PREPARED: list = []  # (libc, program, seccomp's number): built once in the warm parent, used by each runner
 
 
@@ -94,11 +95,12 @@ def deny_new_processes() -> bool:
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: what lets an unprivileged process filter
             return False
         # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC): every thread, or prctl for this one
-        if libc.syscall(seccomp, 1, 1, ctypes.byref(program)) == 0:
-            return True
-        return libc.prctl(22, 2, ctypes.byref(program), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        installed = (libc.syscall(seccomp, 1, 1, ctypes.byref(program)) == 0
+                     or libc.prctl(22, 2, ctypes.byref(program), 0, 0) == 0)  # PR_SET_SECCOMP, MODE_FILTER
     except (OSError, AttributeError):
         return False
+    _INSTALLED[:] = [installed]
+    return installed
 
 
 def thread_starters() -> list:
@@ -139,7 +141,7 @@ class OtherThreads:
 
 def refused_process_note(exc: BaseException) -> str:
     """What to add to a PermissionError that came from starting a process under the filter."""
-    if isinstance(exc, PermissionError) and exc.errno == errno.EPERM:
+    if _INSTALLED and _INSTALLED[0] and isinstance(exc, PermissionError) and exc.errno == errno.EPERM:
         return (" (graded code cannot start processes: a child's work would escape the meters and the answer-key "
                 "lock. Compute in your function itself)")
     return ""

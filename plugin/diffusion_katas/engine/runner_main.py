@@ -85,7 +85,7 @@ def zygote(control_fd: int) -> None:
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
             answer = _load_graders(command, loaded)
-            _prepare_runners()  # the graders' memory is the runners' starting point
+            _prepare_runners()  # the graders' size is the runners' starting point
             control.sendall((answer + "\n").encode())
         elif command["op"] == "fork" and fds:
             # Python's advice for fork without exec: what the runner inherits (torch, diffusers, the graders)
@@ -504,18 +504,18 @@ def _threads() -> int:
 
 
 _MEMORY: list = []  # the limit set, in bytes beyond the runner's start, for the note on a failed allocation
-_START_DATA: list = []  # the warm parent's address-space size, which each runner starts from
+_START_SIZE: list = []  # the warm parent's address-space size, which each runner starts from
 
 
 def _prepare_runners() -> None:
-    """What every runner needs and the warm parent can do once: the process filter built, its data size read."""
+    """What every runner needs and the warm parent can do once: the process filter built, its size read."""
     from diffusion_katas.engine.alone import prepare
 
     prepare()
-    _START_DATA[:] = [_data_size()]
+    _START_SIZE[:] = [_address_space()]
 
 
-def _data_size() -> int | None:
+def _address_space() -> int | None:
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
@@ -529,7 +529,7 @@ def _limit_memory(extra: int | None) -> None:
     instead of the machine running out: a verdict for the check, and the run goes on."""
     import resource
 
-    used = _START_DATA[0] if _START_DATA and _START_DATA[0] else _data_size()
+    used = _START_SIZE[0] if _START_SIZE and _START_SIZE[0] else _address_space()
     if not extra or used is None:
         return
     try:
