@@ -11,9 +11,10 @@ the to_image check therefore runs with clip_sample=False, where x_0 does leave [
 The learner's UNet is a `CountedUNet`: calls pass through to the same model, and each call is checked
 against the pipeline's (one call per timestep, in the order of scheduler.timesteps, the whole batch,
 the UNet's dtype). A deviation fails at once with a diagnosis; too few calls fail in Scenario.verify.
-The learner's scheduler is an equal fresh copy of the pipeline's that still holds the timesteps of an
-earlier 4-step run, as a reused scheduler would; its step checks that it gets the t the UNet just got.
-Both wrappers are defined at the end of the file, after the katas.
+It is remote (engine/runner.py): it runs, counts and checks in the grader's process, never in the
+learner's. The learner's scheduler is an equal fresh copy of the pipeline's that still holds the timesteps
+of an earlier 4-step run, as a reused scheduler would; its step asks the grader's `StepWitness` whether
+it got the t the UNet just got. The wrappers are defined at the end of the file, after the katas.
 
 Precision: bit for bit, on purpose (tol=EXACT), and so with no float64 shadow for initial_noise,
 sampling_loop and generate: the lesson is that one generator, the same draws in the same order and the
@@ -334,9 +335,8 @@ def _loop_scenario(kind: str, case: dict, g, *, whole_pipeline: bool) -> Scenari
     run = run_pipeline(kind, unet, batch, steps, seed, eta, **case.get("scheduler", {}))
     generator = torch.Generator().manual_seed(seed)
     scheduler = learner_scheduler(run.scheduler)
-    counted = CountedUNet(unet, run.scheduler.timesteps, run.first.shape, seed,
-                          stale=[int(t) for t in scheduler.timesteps])
-    scheduler.kata_unet = counted  # its step checks the timestep against the UNet's last call
+    counted = CountedUNet(unet, run.scheduler.timesteps, run.first.shape, stale=[int(t) for t in scheduler.timesteps])
+    scheduler.kata_unet = StepWitness(counted)  # its step checks the timestep against the UNet's last call
     label = f"{run.name} · timesteps {_short(counted.expected)}"
     if whole_pipeline:
         inputs = dict(unet=counted, scheduler=scheduler, batch_size=batch, num_inference_steps=steps,
@@ -376,15 +376,9 @@ def _learner_class(cls):
         return f"{cls.__name__}({c.beta_schedule}, {c.timestep_spacing} spacing; {held})"
 
     def step(self, model_output, timestep, sample, *args, **kwargs):
-        unet = self.__dict__.get("kata_unet")
-        if unet is not None and unet.seen:
-            values = _t_values(timestep)
-            t = values[0] if len(values) == 1 else values
-            if t != unet.seen[-1]:
-                raise KataFailure(
-                    f"  scheduler.step got timestep {t}, but the UNet was just called with t={unet.seen[-1]}. "
-                    "Pass the same t to both: step looks up ᾱ_t and the previous timestep from it, so the "
-                    "loop index (or any other number) is not a timestep.")
+        witness = self.__dict__.get("kata_unet")
+        if witness is not None:
+            witness(timestep)  # the grader checks it against the UNet's last call (a KataFailure there fails the check)
         return cls.step(self, model_output, timestep, sample, *args, **kwargs)
 
     def __reduce__(self):  # the runner receives its inputs pickled; this class is made here, not importable
@@ -408,15 +402,24 @@ def _t_values(timestep) -> list[int]:
 
 # Not the shared DenoiserProbe: it checks each call against the pipeline's as it comes, and reseeds the global RNG.
 class CountedUNet:
-    """The tiny UNet as the learner gets it: each call is checked against the pipeline's calls."""
+    """The tiny UNet as the learner gets it: each call is checked against the pipeline's calls. Remote: the
+    learner's runner gets a stand-in (its config, dtype and device), and every call runs here."""
 
-    def __init__(self, unet, timesteps, shape, rng_seed: int, stale: list[int] | None = None):
+    kata_remote = True
+    kata_caller_grad = False  # set by the runner's grader side for each call: autograd on where the learner called
+
+    def __init__(self, unet, timesteps, shape, stale: list[int] | None = None):
+        import secrets
+
         self._unet = unet
         self.expected = [int(t) for t in timesteps]
         self.shape = tuple(shape)
-        self.rng_seed = rng_seed
+        self.rng_seed = secrets.randbits(30)  # of fresh entropy: the reseeded global RNG reaches the learner's call
         self.stale = stale or []
         self.seen: list = []
+
+    def remote_view(self) -> dict:
+        return dict(label=repr(self), config=self._unet.config, dtype=self._unet.dtype, device=self._unet.device)
 
     def __getattr__(self, name):  # config, dtype, device, … are the real UNet's
         if name.startswith("__") or name == "_unet":
@@ -463,6 +466,11 @@ class CountedUNet:
                     f"through the UNet together, shape {self.shape}. One forward per step for the whole batch "
                     "(not one image at a time).")
             raise KataFailure(f"  {where} got a sample of shape {tuple(sample.shape)}; the pipeline's is {self.shape}.")
+        if self.kata_caller_grad:
+            raise KataFailure(
+                f"  {where} ran with autograd on: your loop records a graph through every UNet call. Sampling is "
+                "inference: run the loop under torch.no_grad(), as the pipelines do (@torch.no_grad() on __call__); "
+                "otherwise memory grows with every step.")
         if sample.dtype != self._unet.dtype:
             raise KataFailure(f"  {where} got a {sample.dtype} sample, but the UNet runs in {self._unet.dtype}: "
                               "the pipeline draws the noise in unet.dtype.")
@@ -493,18 +501,37 @@ class CountedUNet:
         raise KataFailure(f"  {where} got t={t}. {why}\n    {self._schedule()}")
 
     def verify(self, out) -> None:
-        """After the learner's call: every timestep was visited, and no autograd graph was kept."""
+        """After the learner's call: every timestep was visited (autograd is checked at each call, `_check`)."""
         n = len(self.expected)
         if len(self.seen) < n:
             missing = self.expected[len(self.seen):]
             raise KataFailure(
                 f"  the UNet was called {len(self.seen)} times; the pipeline calls it {n} times. "
                 f"Not visited: t = {_short(missing)}. " + self._schedule())
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            raise KataFailure(
-                "  your result carries an autograd graph through every UNet call (requires_grad=True). "
-                "Sampling is inference: run the loop under torch.no_grad(), as the pipelines do "
-                "(@torch.no_grad() on __call__); otherwise memory grows with every step.")
+
+
+class StepWitness:
+    """What the learner's scheduler.step asks before it steps: was it given the t the UNet was just called with?
+    Remote too: it reads the grader's CountedUNet, where the calls are."""
+
+    kata_remote = True
+
+    def __init__(self, unet: CountedUNet):
+        self.unet = unet
+
+    def remote_view(self) -> dict:
+        return dict(label="the UNet's record of its calls")
+
+    def __call__(self, timestep):
+        seen = self.unet.seen
+        if seen:
+            values = _t_values(timestep)
+            t = values[0] if len(values) == 1 else values
+            if t != seen[-1]:
+                raise KataFailure(
+                    f"  scheduler.step got timestep {t}, but the UNet was just called with t={seen[-1]}. "
+                    "Pass the same t to both: step looks up ᾱ_t and the previous timestep from it, so the "
+                    "loop index (or any other number) is not a timestep.")
 
 
 def _denoise(unet):

@@ -33,7 +33,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.comparison import describe, mismatch
-from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, fresh_rng_state, quiet_diffusers, seed_from
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT, STEP_MATH, VAE_FORWARD, VAE_HALF, Tol
@@ -128,12 +128,12 @@ def encode_scenario(case, g, sample_posterior: bool, with_generator: bool = True
             eps = randn_tensor(z.shape, generator=torch.Generator().manual_seed(seed), dtype=vae.dtype)
             z = z + posterior.std * eps.double()
         exact = z * vae.config.scaling_factor
-    _GLOBAL_RNG["state"] = torch.get_rng_state()
+    _GLOBAL_RNG["state"] = fresh_rng_state()  # the learner's call starts from it: a draw without `generator=` is named
     generator = torch.Generator().manual_seed(seed) if with_generator else None
     return Scenario(
         inputs=dict(vae=vae, images=images, generator=generator, sample_posterior=sample_posterior),
         expected=expected, exact=exact, label=f"scaling_factor {case['scaling_factor']}",
-        generators_after={"generator": drawn} if with_generator else None)
+        generators_after={"generator": drawn} if with_generator else None, global_rng=_GLOBAL_RNG["state"])
 
 
 def vae64(vae):

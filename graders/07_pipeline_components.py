@@ -23,7 +23,7 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, fresh_rng_state, quiet_diffusers, seed_from
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
@@ -226,15 +226,17 @@ def latents_scenario(case, g, given: bool = False) -> Scenario:
     if given:
         f = pipe.vae_scale_factor
         latents = torch.randn((batch, channels, height // f, width // f), generator=g).to(dtype)
-    rng_after = None
-    twin = _twin(ref)  # the reference's generators before they draw: the shadow's ε
+    rng_after = start = None
     if case.get("generator", "one") is None:
-        # No generator: diffusers draws from the global RNG. The learner's call starts from the global RNG's
-        # state as it is now (the plugin hands it over), so draw the reference from that state and rewind.
-        before = torch.random.get_rng_state()
+        # No generator: diffusers draws from the global RNG. The learner's call starts from a state of fresh
+        # entropy (Scenario.global_rng), so the reference draws from that same state, and the grader's own
+        # global RNG is put back as it was.
+        start, before = fresh_rng_state(), torch.random.get_rng_state()
+        torch.random.set_rng_state(start)
+    twin = _twin(ref)  # the reference's generators before they draw: the shadow's ε
     expected = pipe.prepare_latents(batch, channels, height, width, dtype, CPU, ref,
                                     latents=None if latents is None else latents.clone())
-    if case.get("generator", "one") is None:
+    if start is not None:
         rng_after = [torch.random.get_rng_state()]
         torch.random.set_rng_state(before)
     sigma = float(pipe.scheduler.init_noise_sigma)
@@ -248,7 +250,7 @@ def latents_scenario(case, g, given: bool = False) -> Scenario:
              f"({batch}, {channels}, {height // f}, {width // f})")
     return Scenario(inputs=inputs, expected=expected, exact=noise.double() * sigma, label=label,
                     verify=None if rng_after is None else global_rng_advanced_like(rng_after, expected),
-                    generators_after=None if ref is None else {"generator": ref})
+                    generators_after=None if ref is None else {"generator": ref}, global_rng=start)
 
 
 def _twin(generator):

@@ -137,13 +137,17 @@ def _tracked_vae_class():
     class DtypeTrackedVAE(AutoencoderKL):
         """An AutoencoderKL that writes down its dtype after every move (.to, .half, .float: all go through
         _apply) in `moves`: the learner's copy lives in another process, and this is how the grader sees where
-        the call left it."""
+        the call left it (the runner reports `moves`, Scenario.observe)."""
 
         def _apply(self, fn, recurse=True):
             out = super()._apply(fn, recurse)
             if "moves" in self.__dict__:
                 self.moves.append(str(self.dtype).replace("torch.", ""))
             return out
+
+        def kata_observe(self):
+            """What the runner reports of the call (Scenario.observe): the dtypes this VAE was moved to."""
+            return list(self.moves)
 
     DtypeTrackedVAE.__module__ = __name__  # pickled by the grader module's name, as the runner knows it
     DtypeTrackedVAE.__qualname__ = "DtypeTrackedVAE"
@@ -175,12 +179,13 @@ def make_vae(*, overflow: bool, force_upcast: bool, scaling_factor: float, dtype
     return vae
 
 
-def _left_as_it_came(vae, dtype: str):
-    def verify(out):
-        if vae.moves and vae.moves[-1] != dtype:
+def _left_as_it_came(dtype: str):
+    def verify(out, observed):
+        moves = [str(m)[:20] for m in observed.get("vae") or []][-50:]
+        if moves and moves[-1] != dtype:
             raise KataFailure(
-                f"  the VAE came in as {dtype} and your function left it in {vae.moves[-1]} (its moves: "
-                f"{' → '.join(vae.moves)}): put it back after the decode, as StableDiffusionXLPipeline does "
+                f"  the VAE came in as {dtype} and your function left it in {moves[-1]} (its moves: "
+                f"{' → '.join(moves)}): put it back after the decode, as StableDiffusionXLPipeline does "
                 "(vae.to(dtype=torch.float16)), or every later call on it pays the float32 cost",
                 detail="the VAE left in another dtype")
     return verify
@@ -226,7 +231,7 @@ def _scenario(case, g):
     label = f"{case['dtype']} VAE, force_upcast={case['force_upcast']}, scaling_factor {case['scaling_factor']}"
     vae.moves = []  # the reference's and the shadow's moves were on copies; this one is the learner's
     return Scenario(inputs=dict(vae=vae, latents=latents), expected=expected,
-                    exact=shadow_decode(vae, latents), verify=_left_as_it_came(vae, case["dtype"]),
+                    exact=shadow_decode(vae, latents), verify=_left_as_it_came(case["dtype"]), observe=("vae",),
                     label=label)
 
 

@@ -127,9 +127,7 @@ IN_CHANNELS, JOINT_DIM, POOLED_DIM = 4, 16, 8
 class CountedBlocks(torch.nn.ModuleList):
     """A ModuleList of Flux blocks that logs the index of every block called (in `calls`); slices share the log.
     Each block is remote (`_Counted`): the learner's runner gets stand-ins, and every call runs and is logged
-    here, so `calls` is the grader's own record (`kata_counts_remotely`: nothing to copy back from the runner)."""
-
-    kata_counts_remotely = True
+    here, so `calls` is the grader's own record: the runner's copy of the list is never read back."""
 
     def __init__(self, modules=None, config=None):
         modules = list(modules or [])

@@ -45,7 +45,10 @@ def test_the_graded_cases_separate_every_declared_trap(graders_loaded, lab):
                     return True
                 if scenario.verify is not None:  # a scenario's own assertion (counted flips, call counts)
                     try:
-                        scenario.verify(wrong)
+                        if scenario.observe:  # what the inputs recorded of the trap's call (in the runner: its reply)
+                            scenario.verify(wrong, {n: scenario.inputs[n].kata_observe() for n in scenario.observe})
+                        else:
+                            scenario.verify(wrong)
                     except KataFailure:
                         return True
                 return False

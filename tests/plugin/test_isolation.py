@@ -8,12 +8,15 @@ import sys
 import time
 
 
-def test_reading_the_expected_value_through_frames_or_gc_finds_nothing_to_copy(toy):
+def test_reading_the_expected_value_through_gc_or_frames_is_refused_and_finds_nothing_anyway(toy):
     toy.kata(double="""
-        import gc, inspect
+        import gc
         for o in gc.get_objects():
             if type(o).__name__ == "Scenario":
                 return o.expected
+        return x
+    """, normalize="""
+        import inspect
         frame = inspect.currentframe().f_back
         while frame is not None:
             for value in frame.f_locals.values():
@@ -21,11 +24,19 @@ def test_reading_the_expected_value_through_frames_or_gc_finds_nothing_to_copy(t
                     return value.expected
             frame = frame.f_back
         return x
+    """, stay_put="""
+        try:
+            import gc, sys
+            for o in gc.get_objects():
+                assert type(o).__name__ != "Scenario", "the expected value is in the runner"
+        except PermissionError:
+            pass
+        return x
     """)
-    result = toy.run("katas", "--kata-function", "double")
-    result.stdout.fnmatch_lines(["*output values differ*"])
-    result.assert_outcomes(failed=1)
-    assert result.parseoutcomes()["waiting"] == 1  # double's budget waits on its failing check
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*raised Refused: graded code cannot walk the interpreter's objects (gc.get_objects)*"])
+    result.stdout.fnmatch_lines(["*raised Refused: graded code cannot take frames (sys._getframe)*"])
+    result.assert_outcomes(passed=1, failed=2)  # stay_put: refused, caught, and there was nothing to find
 
 
 def test_a_patch_of_the_comparison_does_not_change_the_verdict(toy):
@@ -62,7 +73,8 @@ def test_keyboard_interrupt_and_system_exit_in_learner_code_are_verdicts_and_the
 
 
 def test_os_exit_and_a_segfault_end_only_the_runner(toy):
-    toy.kata(double="import os\nos._exit(0)", normalize="import ctypes\nctypes.string_at(0)", stay_put="return x")
+    toy.kata(double="import os\nos._exit(0)", normalize="import faulthandler\nfaulthandler._sigsegv()",
+             stay_put="return x")
     result = toy.run("katas")
     result.stdout.fnmatch_lines(["*ended without answering (it exited with status 0)*"])
     result.stdout.fnmatch_lines(["*ended without answering (killed by signal 11 (SIGSEGV))*"])
@@ -155,9 +167,11 @@ def test_hidden_checks_run_after_every_visible_one(toy):
 def test_an_interrupted_run_says_so_in_its_summary_and_its_report(toy):
     toy.kata(double="import time\ntime.sleep(60)\nreturn x * 2")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # SIGINT may be ignored in a test runner started in the background; the learner's shell has it.
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "katas", "--kata-json", "report.json", "-p",
                              "no:cacheprovider"], cwd=toy.pytester.path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     while "katas/01_toy.py" not in seen:  # grading has begun: the first kata file's line is out
         seen += proc.stdout.read(1)
@@ -211,25 +225,22 @@ def test_a_correct_valued_twin_that_hides_its_cost_in_a_thread_pool_is_not_under
     assert not any(r["status"] == "passed" for r in report["results"] if r["function"] == "double")
 
 
-def test_work_done_during_a_call_by_a_thread_started_at_import_is_a_verdict(toy):
+def test_a_thread_started_at_import_is_refused_there(toy):
     path = toy.pytester.path / "katas" / "01_toy.py"
     path.write_text('"""Lab 01 · Toy lab"""\nimport queue, threading\nimport torch\n\n'
                     "jobs, answers = queue.Queue(), queue.Queue()\n\n"
                     "def _serve():\n"
                     "    while True:\n"
                     "        x = jobs.get()\n"
-                    "        a = torch.randn(256, 256)\n"
-                    "        for _ in range(40):\n"
-                    "            a = torch.tanh(a @ a)  # milliseconds of work the call's meters never see\n"
-                    "        answers.put(x * 2)\n\n"
+                    "        answers.put(x * 2)  # work the call's meters would never see\n\n"
                     "threading.Thread(target=_serve, daemon=True).start()\n\n"
                     "def double(x):\n    jobs.put(x)\n    return answers.get()\n\n"
                     "def normalize(x):\n    return x / x.norm()\n\n"
                     "def stay_put(x):\n    return x\n")
     result = toy.run("katas")
-    result.stdout.fnmatch_lines(["*`double`'s call had * ms of CPU work done in another thread*"])
-    result.assert_outcomes(passed=2, failed=1)  # the idle thread costs the other functions nothing
-    assert result.parseoutcomes()["waiting"] == 1
+    result.stdout.fnmatch_lines(["*importing katas/01_toy.py failed at line 12: NotAlone: the kata file, at import, "
+                                 "started a thread*"])
+    result.assert_outcomes(failed=4)  # an import error: the budget fails with the file
 
 
 def test_graded_code_cannot_start_a_process_in_a_call_or_at_import(toy):
@@ -316,8 +327,11 @@ def test_a_remote_model_is_called_from_the_runner_and_counted_in_the_grader(toy)
 
 def test_a_remote_model_cannot_be_reached_around_its_count(toy):
     _remote_lab(toy, """
-        found = [o for o in gc.get_objects() if type(o).__name__ == "Counted"]
-        assert not found, "the grader's model is here, to be called uncounted"
+        try:
+            found = [o for o in gc.get_objects() if type(o).__name__ == "Counted"]
+            assert not found, "the grader's model is here, to be called uncounted"
+        except PermissionError:  # the sandbox refuses the walk; there would be nothing to find anyway
+            pass
         assert not hasattr(model, "calls")  # the stand-in holds no count to read or rewrite
         return model(x)
     """)
@@ -398,22 +412,29 @@ def test_switching_off_torchs_modes_in_a_call_fails_it_and_printing_a_tensor_doe
     result.assert_outcomes(passed=1, failed=2)
 
 
-def test_the_rng_state_a_call_gets_does_not_carry_the_seed_and_torch_threads_are_reset(toy):
+def test_the_rng_state_a_call_gets_is_fresh_entropy_and_torch_threads_are_reset(toy):
+    import zlib
+
     path = toy.pytester.path / "katas" / "01_toy.py"
-    toy.kata(double="assert torch.initial_seed() == 0, torch.initial_seed()\n"
+    toy.kata(double="print('SEEN', torch.initial_seed(), torch.randn(1).item())\n"
                     "assert torch.get_num_threads() == 1, torch.get_num_threads()\nreturn x * 2")
     path.write_text(path.read_text().replace("import toyref\n", "import toyref\ntorch.set_num_threads(2)\n", 1))
-    result = toy.run("katas", "--kata-function", "double", "--kata-seed", "7")
+    result = toy.run("katas", "--kata-function", "double", "--kata-seed", "7", "-s")
     result.assert_outcomes(passed=2)
+    seen = [line.split("SEEN", 1)[1].split() for line in result.stdout.lines if "SEEN" in line]
+    check_seed = (7 + zlib.crc32(b"01_toy:double:vs toyref.double")) % 2**31
+    assert len(seen) >= 3 and len({s for s, _ in seen}) == len(seen), seen  # a new state for every call
+    assert not {int(s) for s, _ in seen} & {7, check_seed, check_seed ^ 0x5EED}
 
 
 def test_shared_memory_counts_against_the_memory_limit(toy):
     toy.kata(double="""
         import mmap, os
-        fd = os.open("/dev/shm/kata-test-blow-up", os.O_CREAT | os.O_RDWR, 0o600)
-        os.unlink("/dev/shm/kata-test-blow-up")
-        os.ftruncate(fd, 2**30)
-        view = mmap.mmap(fd, 2**30, mmap.MAP_SHARED)  # not the data segment: the address space
+        views = []
+        for _ in range(32):  # 32 x 48 MiB of shared memory (each file under the runner's 64 MiB file cap)
+            fd = os.memfd_create("kata-test-blow-up")
+            os.ftruncate(fd, 48 * 2**20)
+            views.append(mmap.mmap(fd, 48 * 2**20, mmap.MAP_SHARED))  # not the data segment: the address space
         return x * 2
     """)
     result = toy.run("katas", "--kata-function", "double", "--kata-memory", "0.5")

@@ -55,11 +55,19 @@ class Scenario:
     # (a step that skips its draw where σ = 0 gives the same values but shifts every later draw). A list
     # of generators (one per sample, as pipelines take them) is compared generator by generator.
     generators_after: dict[str, Any] | None = None
-    # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail.
-    verify: Callable[[Any], None] | None = None
+    # Extra assertions on the learner's output (call counts, say); raise KataFailure to fail. With `observe`,
+    # verify(output, observed) also gets what those inputs recorded of the call in the runner.
+    verify: Callable[..., None] | None = None
+    # Names of inputs (a grader's own class with `kata_observe()`) whose record of the call the runner sends back:
+    # plain data from the learner's process, checked and handed to verify, never copied onto the grader's objects.
+    observe: tuple[str, ...] = ()
     # Called with (learner output, a folder for artefacts) when the values differ; returns extra
     # message text (e.g. the path of a PNG of |yours - reference|).
     on_mismatch: Callable[[Any, Any], str] | None = None
+    # The torch global RNG state the learner's call starts from, where the reference drew from the global RNG
+    # (engine.helpers.fresh_rng_state(): no seed in it); `verify` then sees the state the call left. None: the
+    # call gets a state of fresh entropy that nothing graded depends on.
+    global_rng: Any = None
 
 
 @dataclass

@@ -41,9 +41,17 @@ def _is_probe(value: Any) -> bool:
 
 
 def _plain_attrs(value: Any) -> dict:
-    from diffusion_katas.engine.runner_main import _plain
-
     return {k: v for k, v in vars(value).items() if not k.startswith("__") and _plain(v)}
+
+
+def _plain(value, depth: int = 0) -> bool:
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str, torch.Tensor):  # a Tensor itself, no subclass
+        return True
+    if type(value) in (list, tuple) and depth < 3:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
 
 
 class _Pickler(pickle.Pickler):

@@ -52,6 +52,15 @@ def seed_from(g: torch.Generator) -> int:
     return int(torch.randint(0, 2**31, (1,), generator=g))
 
 
+def fresh_rng_state() -> torch.Tensor:
+    """A state of torch's CPU generator drawn from fresh entropy: the global RNG state a learner's call starts
+    from carries no seed (the hidden seed above all). A grader whose reference draws from the global RNG (no
+    `generator=`) draws it from such a state and hands the same state to the call (Scenario.global_rng)."""
+    import secrets
+
+    return torch.Generator().manual_seed(secrets.randbits(63)).get_state()
+
+
 def float64_twin(scheduler: Any) -> Any:
     """A copy of a diffusers scheduler whose float tensors (ᾱ, β, σ, the final ᾱ) are float64.
 

@@ -7,9 +7,10 @@ compared with untouched copies: a kata function must not change its arguments in
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-from typing import Any, Iterator
+import operator
+import sys
+from typing import Any
 
 from diffusion_katas.core.results import Reason
 from diffusion_katas.core.spec import KataFailure
@@ -25,6 +26,7 @@ class NotAlone(RuntimeError):
 
 
 _THREAD = "a thread"  # the lock's mark on the functions that start one
+_CODE_NAME = operator.attrgetter("co_qualname" if sys.version_info >= (3, 11) else "co_name")
 _SWITCH = "a mode switch"
 # What switches torch's dispatch modes off (the meters, the refused operators): refused when learner code calls it.
 # torch calls some of them itself (printing a tensor under a mode), so only a learner's own call is refused.
@@ -32,7 +34,13 @@ MODE_SWITCHES = ("torch.utils._python_dispatch._disable_current_modes",
                  "torch.utils._python_dispatch._pop_mode_temporarily", "torch.utils._python_dispatch._pop_mode",
                  "torch.overrides._pop_mode_temporarily", "torch.overrides._pop_mode",
                  "torch._C._pop_torch_dispatch_stack", "torch._C._pop_torch_function_stack",
-                 "torch._C._unset_dispatch_mode", "torch._C._set_dispatch_mode")
+                 "torch._C._unset_dispatch_mode", "torch._C._set_dispatch_mode",
+                 # and what hands the modes themselves to the caller (a meter's count, to be rewritten)
+                 "torch.utils._python_dispatch._get_current_dispatch_mode",
+                 "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
+                 "torch.overrides._get_current_function_mode", "torch.overrides._get_current_function_mode_stack",
+                 "torch._C._get_dispatch_stack_at", "torch._C._get_function_stack_at",
+                 "torch._C._get_dispatch_mode")
 
 
 def fresh(value: Any) -> Any:
@@ -162,11 +170,15 @@ def fingerprint(code) -> tuple:
 
 
 class CodeLock:
-    """The answer key, closed by code: while active, starting any function whose code is the answer's
-    (wherever it came from) raises AnswerKeyError; where the answer is a single torch operator, that
-    operator is refused too, at the Python API and at the kernel (aten) level.
+    """The answer key, closed by code: starting any function whose code is the answer's (wherever it came
+    from) raises AnswerKeyError; where the answer is a single torch operator, that operator is refused too, at
+    the Python API and at the kernel (aten) level, during each call.
 
-    It runs in the learner's runner process, around each call of the learner's function."""
+    It runs in the learner's runner. `install()` reads the answer key's code; `arm()` hands everything to a
+    closure that the sandbox's audit hook calls for every profiled event (engine/sandbox.py), from before the
+    learner's file is imported until the runner ends: after it, this object holds nothing the lock reads, so
+    changing it changes nothing. `run(fn)` is the one way learner code is called (at import too): it opens a
+    window whose refusals it reports when it closes, even where the learner's code caught them."""
 
     def __init__(self, paths: tuple[str, ...], kata: str, forbidden_ops: tuple[str, ...] = (),
                  learner_files: tuple[str, ...] = (), direct_paths: tuple[str, ...] = ()):
@@ -178,9 +190,8 @@ class CodeLock:
         self.paths = tuple(paths)
         self.forbidden_ops = tuple(forbidden_ops)
         self.locked: dict[tuple, str] = {}
-        self.builtins: dict[int, tuple] = {}
-        self.violations: list[RuntimeError] = []
-        self._seen: dict[int, tuple] = {}
+        self.builtins: dict[Any, tuple] = {}
+        self.switches: dict[Any, Any] = {}
         # The learner's own functions that ran during the last call, as (file, name): a failure that comes
         # from another kata function it calls is reported as that function's ("fix it first").
         self.called: set[tuple[str, str]] = set()
@@ -195,10 +206,9 @@ class CodeLock:
                     self.direct.add(key)
             builtin = _builtin_at(path)
             if builtin is not None:  # a C function: refused at its call (the profiler's c_call event)
-                self.builtins[id(builtin)] = (builtin, path, direct)
+                self.builtins[builtin] = (builtin, path, direct)
         for starter in thread_starters():  # graded code runs alone (engine/alone.py)
-            self.builtins[id(starter)] = (starter, _THREAD, False)
-        self.switches: dict[int, Any] = {}  # id -> code (a code object's own hash reads all its bytes)
+            self.builtins[starter] = (starter, _THREAD, False)
         for path in MODE_SWITCHES:
             try:
                 functions, builtin = _functions_at(path), _builtin_at(path)
@@ -206,104 +216,46 @@ class CodeLock:
                 continue
             for function in functions:  # a contextmanager's generator code runs under contextlib's __enter__
                 code = getattr(function, "__wrapped__", function).__code__
-                self.switches[id(code)] = code
+                self.switches[code] = code
             if builtin is not None:
-                self.builtins[id(builtin)] = (builtin, _SWITCH, True)
+                self.builtins[builtin] = (builtin, _SWITCH, True)
 
-    def _refuse(self, what: str) -> AnswerKeyError:
-        message = (f"`{self.kata}` called {what}, which is the answer key this kata is graded against (or a "
-                   "library function that computes the same answer). Write the computation yourself: that is the "
-                   "exercise.")
-        self.violations.append(AnswerKeyError(message))
-        return self.violations[-1]
+    def arm(self, library_roots: tuple[str, ...]) -> None:
+        """Hand the lock to the sandbox's audit hook, for the rest of this process."""
+        from diffusion_katas.engine import sandbox
 
-    def _not_alone(self) -> NotAlone:
-        self.violations.append(NotAlone(
-            f"`{self.kata}` started a thread. Graded code runs in the thread that calls it: work in another thread "
-            "escapes the meters and the answer-key lock. Compute in your function itself."))
-        return self.violations[-1]
+        untrusted = sandbox.untrusted_code(library_roots, self.learner_files)
+        pending: list = [None]  # the refusal being raised (engine/sandbox.py keeps the lock on through it)
+        profile, window = _lock_closure(self, untrusted, pending)
+        sandbox.arm(profile, window, untrusted, _window.__code__, pending)
 
-    def _switched_off(self, what: str) -> NotAlone:
-        self.violations.append(NotAlone(
-            f"`{self.kata}` switched off torch's dispatch modes ({what}): they are how the grader measures your "
-            "function and refuses the answer's operator. Leave them on."))
-        return self.violations[-1]
-
-    def _hook(self, frame, event, arg):
-        if event == "c_call":
-            hit = self.builtins.get(id(arg))
-            if hit is not None and hit[0] is arg:
-                if hit[1] is _THREAD:
-                    raise self._not_alone()
-                if hit[2] and frame.f_code.co_filename not in self.learner_files:
-                    return
-                if hit[1] is _SWITCH:
-                    raise self._switched_off(getattr(arg, "__name__", "?"))
-                raise self._refuse(hit[1])
-            return
-        if event != "call":
-            return
-        code = frame.f_code
-        seen = self._seen.get(id(code))  # what is known of this code, read once: the hook sees every Python call
-        if seen is None or seen[0] is not code:
-            mine = code.co_filename in self.learner_files
-            key = fingerprint(code) if self.locked and not mine else None
-            seen = (code, self.locked.get(key) if key else None, key in self.direct, mine,
-                    self.switches.get(id(code)) is code)
-            self._seen[id(code)] = seen
-        if seen[4]:  # a mode switch: refused where the learner's own code turned it on
-            caller = frame.f_back
-            while caller is not None and caller.f_code.co_filename == contextlib.__file__:
-                caller = caller.f_back
-            if caller is not None and caller.f_code.co_filename in self.learner_files:
-                raise self._switched_off(code.co_name)
-            return
-        if seen[3]:
-            self.called.add((code.co_filename, code.co_name))
-            return
-        if seen[1] is not None:
-            caller = frame.f_back
-            if seen[2] and (caller is None or caller.f_code.co_filename not in self.learner_files):
-                return  # called by library code the kata may use, not by the learner
-            raise self._refuse(seen[1])
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        import sys
-        import threading
-
-        self.violations.clear()
-        self.called.clear()
-        modes = self._op_modes() if self.forbidden_ops else []
-        previous = sys.getprofile()
-        threading.setprofile(self._hook)
-        sys.setprofile(self._hook)
+    def run(self, fn, *args, modes: list = (), who: str = "", **kwargs):
+        """fn(*args, **kwargs) inside the lock's window (and torch `modes`); its first refusal raised at the end,
+        caught by the learner's code or not. `who` names the caller in refusals (the kata function by default)."""
+        report: list = []
         try:
-            for mode in modes:
-                mode.__enter__()
-            try:
-                yield
-            finally:
-                for mode in reversed(modes):
-                    mode.__exit__(None, None, None)
-        finally:
-            sys.setprofile(previous)
-            threading.setprofile(None)
-        if self.violations:  # refused, even if the learner's code caught the error and went on
-            first = self.violations[0]
+            result = _window(fn, args, kwargs, list(modes), who or f"`{self.kata}`", report)
+        finally:  # what ran is known however the call ended (a failure from a kata function it called is theirs)
+            violations, self.called = report if report else ([], set())
+        if violations:
+            first = violations[0]
             raise type(first)(str(first))
+        return result
 
-    def _op_modes(self) -> list:
+    def op_modes(self) -> list:
+        """The torch modes that refuse the answer's operators during a call (none where it has none)."""
+        if not self.forbidden_ops:
+            return []
         from torch.overrides import TorchFunctionMode
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        lock = self
+        forbidden, kata = self.forbidden_ops, self.kata
 
         def check(func) -> None:
             name = getattr(func, "__name__", "") + " " + str(func)
-            for op in lock.forbidden_ops:
+            for op in forbidden:
                 if op in name:
-                    raise lock._refuse(f"torch's {op} ({getattr(func, '__name__', func)})")
+                    raise _answer_key_error(f"`{kata}`", f"torch's {op} ({getattr(func, '__name__', func)})")
 
         class RefuseFunctions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -316,6 +268,155 @@ class CodeLock:
                 return func(*args, **(kwargs or {}))
 
         return [RefuseFunctions(), RefuseKernels()]
+
+
+def _window(fn, args, kwargs, modes, who, report: list):
+    """The lock's window around one call of learner code: opened and closed by this code object only (the
+    sandbox's audit hook checks who asks), so learner code cannot close it early; a window opened inside
+    another (learner code calling this) reports nothing of its own and clears nothing. `report` gets
+    [violations, learner functions that ran] when the outermost window closes."""
+    import sys
+
+    sys.audit("kata.lock", "open", who)
+    try:
+        for mode in modes:
+            mode.__enter__()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for mode in reversed(modes):
+                mode.__exit__(None, None, None)
+    finally:
+        sys.audit("kata.lock", "close", report)
+
+
+def _answer_key_error(who: str, what: str) -> AnswerKeyError:
+    return AnswerKeyError(
+        f"{who} called {what}, which is the answer key this kata is graded against (or a library function that "
+        "computes the same answer). Write the computation yourself: that is the exercise.")
+
+
+# Modules the lock need not look into (`plain_modules`): torch's, numpy's and the standard library's, whose code is
+# never the answer key here (torch's answers are C operators, refused at their call), by name and their namespace.
+_PLAIN_PACKAGES = ("torch", "numpy")
+_PLAIN: dict = {}
+
+
+def plain_modules() -> None:
+    """Read, in the warm parent (after each grader load), the plain modules loaded so far: a call whose code lives in
+    one of them (its frame's globals are that very module's namespace) is let through without reading its code,
+    which under the sandbox costs an audited read (frame.f_code) per Python call."""
+    names = sys.stdlib_module_names | set(_PLAIN_PACKAGES)
+    _PLAIN.clear()
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.split(".")[0] in names and isinstance(getattr(module, "__dict__", None), dict):
+            _PLAIN[name] = module.__dict__
+
+
+def _lock_closure(lock: CodeLock, untrusted, pending: list):
+    """The lock's profile function and window handler, over copies of its tables: the only references to them
+    are these closures, which only the interpreter's profile slot and the sandbox's audit hook hold."""
+    import contextlib
+
+    locked = dict(lock.locked)
+    direct = frozenset(lock.direct)
+    builtins = dict(lock.builtins)
+    switches = dict(lock.switches)
+    learner_files = lock.learner_files
+    kata = lock.kata
+    contextlib_file = contextlib.__file__
+    depth = [0]
+    who = [f"`{kata}`"]  # the caller refusals name: the kata function, or the kata file at import
+    violations: list = []
+    called: set = set()
+    # What is known of each code object, read once (the hook sees every Python call), in buckets by its qualified
+    # name: not by id(), an audited call (each costs a call of the sandbox's hook), and not by the code object
+    # itself, whose hash reads its constants on every lookup.
+    seen: dict = {}
+    name_of = _CODE_NAME
+    # the plain modules, but those holding a locked path or a mode switch (their code is read as any other)
+    looked_at = {path.rsplit(".", 2)[0] for path in lock.paths + lock.direct_paths} | \
+        {path.rsplit(".", 1)[0] for path in lock.paths + lock.direct_paths} | \
+        {path.rsplit(".", 1)[0] for path in MODE_SWITCHES}
+    plain = {name: namespace for name, namespace in _PLAIN.items() if name not in looked_at}
+
+    def record(exc):
+        violations.append(exc)
+        pending[0] = exc
+        return exc
+
+    def not_alone() -> NotAlone:
+        return record(NotAlone(
+            f"{who[0]} started a thread. Graded code runs in the thread that calls it: work in another thread "
+            "escapes the meters and the answer-key lock. Compute in your function itself."))
+
+    def switched_off(what: str) -> NotAlone:
+        return record(NotAlone(
+            f"{who[0]} switched off torch's dispatch modes ({what}): they are how the grader measures your "
+            "function and refuses the answer's operator. Leave them on."))
+
+    def profile(frame, event, arg):
+        if not depth[0]:  # outside a window no learner call is running (the runner's own work between calls)
+            return
+        if event == "c_call":
+            hit = builtins.get(arg)  # C callables compare equal when they are the same C function on the same object
+            if hit is not None:
+                if hit[1] is _THREAD:
+                    raise not_alone()
+                if hit[2] and not untrusted(frame.f_code):
+                    return
+                if hit[1] is _SWITCH:
+                    raise switched_off(getattr(arg, "__name__", "?"))
+                raise record(_answer_key_error(who[0], hit[1]))
+            return
+        if event != "call":
+            return
+        namespace = frame.f_globals
+        if plain.get(namespace.get("__name__")) is namespace:  # torch's, numpy's or the standard library's own code
+            return
+        code = frame.f_code
+        known = None
+        for entry in seen.get(name_of(code), ()):
+            if entry[0] is code:
+                known = entry
+                break
+        if known is None:
+            mine = code.co_filename in learner_files
+            key = fingerprint(code) if locked and not mine else None
+            known = (code, locked.get(key) if key else None, key in direct, mine, switches.get(code) is code)
+            seen.setdefault(name_of(code), []).append(known)
+        if known[4]:  # a mode switch: refused where the learner's own code turned it on
+            caller = frame.f_back
+            while caller is not None and caller.f_code.co_filename == contextlib_file:
+                caller = caller.f_back
+            if caller is not None and untrusted(caller.f_code):
+                raise switched_off(code.co_name)
+            return
+        if known[3]:
+            called.add((code.co_filename, code.co_name))
+            return
+        if known[1] is not None:
+            caller = frame.f_back
+            if known[2] and (caller is None or not untrusted(caller.f_code)):
+                return  # called by library code the kata may use, not by the learner
+            raise record(_answer_key_error(who[0], known[1]))
+
+    def window(op, detail=None) -> int:
+        if op == "open":
+            depth[0] += 1
+            if depth[0] == 1:
+                violations.clear()
+                called.clear()
+                who[0] = detail if isinstance(detail, str) else f"`{kata}`"
+        elif op == "close" and depth[0] > 0:
+            depth[0] -= 1
+            if depth[0] == 0 and isinstance(detail, list):
+                detail[:] = [list(violations), set(called)]
+                violations.clear()
+                called.clear()
+        return depth[0]
+
+    return profile, window
 
 
 def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None = None, used: dict | None = None):
@@ -331,15 +432,16 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
     pristine = fresh(inputs)
     before = {key: versions(value) for key, value in given.items()}
     elsewhere = OtherThreads()
-    with lock.active() if lock is not None else contextlib.nullcontext():
+
+    def call():
         elsewhere.start()
         out = fn(**given) if meter is None else meter(lambda: fn(**given))
-        spent = elsewhere.spent()
-    if spent > OTHER_CPU_S:
-        raise NotAlone(
-            f"`{kata}`'s call had {spent * 1000:.1f} ms of CPU work done in another thread. Graded code runs in the "
-            "thread that calls it: work elsewhere escapes the meters and the answer-key lock. Compute in your "
-            "function itself, and start no thread (at import either).")
+        return out, elsewhere.spent()
+
+    if lock is not None:
+        out, spent = lock.run(call, modes=lock.op_modes())
+    else:
+        out, spent = call()
     mutated = changed_inputs(given, pristine, before)
     if mutated:
         raise KataFailure(

@@ -17,14 +17,15 @@ import pickle
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from diffusion_katas.engine.runner_main import recv, send
+from diffusion_katas.engine.runner_main import send
 
 
 class RunnerGone(Exception):
@@ -55,15 +56,6 @@ class RemoteError(Exception):
         return self.message
 
 
-@dataclass
-class Reply:
-    output: object = None
-    measurement: object = None
-    state: dict = field(default_factory=dict)
-    rng_after: object = None
-    printed: str = ""
-
-
 class Zygote:
     """The warm parent: one per grading process, started on first use, ended at exit."""
 
@@ -72,22 +64,16 @@ class Zygote:
 
     def __init__(self):
         parent, child = socket.socketpair()
-        env = dict(os.environ)
         # the package the grader runs is the package the runner runs
         package_parent = str(Path(__file__).resolve().parent.parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-        for key in [k for k in env if k.startswith("KATA_HIDDEN")]:
-            env.pop(key)  # the instructor's hidden seed never reaches the learner's side
-        # Libraries' own thread pools run as many threads as torch does (KATA_THREADS, 1 by default), read when they
-        # load: numpy's OpenBLAS would otherwise work in a second thread, which at one thread the runner counts
-        # as work done outside the learner's call (engine/alone.py), and tokenizers' Rust pool likewise.
-        threads = env.get("KATA_THREADS", "1")
-        env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
-                   TOKENIZERS_PARALLELISM="false" if threads == "1" else "true")
+        # Isolated mode (-I: no PYTHON* variables, no user site, no script folder on the path) and no bytecode
+        # written (-B); the package is put first on the path by hand.
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from diffusion_katas.engine.runner_main import zygote; zygote(int(sys.argv[2]))")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "diffusion_katas.engine.runner_main", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+            [sys.executable, "-I", "-B", "-c", code, package_parent, str(child.fileno())],
+            pass_fds=(child.fileno(),), env=runner_environment(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         child.close()
         self.control = parent
         self._buffer = b""
@@ -158,6 +144,27 @@ class Zygote:
                 pass
 
 
+# What the runners' environment keeps of the grader's: locale, paths the libraries read, the GPU's settings and
+# the kata's own; never a secret (a token, a key, the instructor's hidden seed), whatever the grader was given.
+_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "NO_COLOR", "LD_LIBRARY_PATH",
+             "SYSTEMROOT", "TMPDIR")
+_ENV_KEEP_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "ROCM_", "HIP_", "TORCH_", "PYTORCH_", "KATA_", "HF_HUB_")
+_ENV_SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL", "AUTH", "HIDDEN", "COOKIE", "SESSION")
+
+
+def runner_environment() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if (key in _ENV_KEEP or key.startswith(_ENV_KEEP_PREFIXES))
+           and not any(word in key.upper() for word in _ENV_SECRET_WORDS)}
+    # Libraries' own thread pools run as many threads as torch does (KATA_THREADS, 1 by default), read when they
+    # load: numpy's OpenBLAS would otherwise work in a second thread, which at one thread the runner counts
+    # as work done outside the learner's call (engine/alone.py), and tokenizers' Rust pool likewise.
+    threads = env.get("KATA_THREADS", "1")
+    env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+               TOKENIZERS_PARALLELISM="false" if threads == "1" else "true", HF_HUB_OFFLINE="1")
+    return env
+
+
 class Runner:
     """One runner process: opened for one check, on one learner file, then closed."""
 
@@ -172,6 +179,7 @@ class Runner:
         self.closed = False
         self.remote: dict = {}
         self.remote_failures: list = []
+        self.remote_calls = self.remote_bytes = 0
         self.open_reply = self._ask({
             "op": "open", "cwd": os.getcwd(), "sys_path": list(sys.path), "source": str(source), "module": module,
             "grader_modules": grader_modules, "answer_key": tuple(answer_key), "kata": kata,
@@ -180,7 +188,9 @@ class Runner:
 
     def _ask(self, request: dict, inputs: bytes | None = None) -> dict:
         """Send a request and wait for its reply, serving the remote models' calls that come first; the time
-        limit covers them all (a model call the grader runs is the learner's time too)."""
+        limit covers them all (a model call the grader runs is the learner's time too). What comes back is
+        untrusted: its size is bounded before it is read, its reading by the same clock, its contents checked
+        (`checked_reply`) before the grader uses any of it."""
         import torch
 
         try:
@@ -191,21 +201,54 @@ class Runner:
             raise self._gone() from None
         end = time.monotonic() + self.timeout
         while True:
-            ready, _, _ = select.select([self.sock], [], [], max(0.0, end - time.monotonic()))
-            if not ready:
-                self._kill()
-                raise RunnerGone(f"killed after the time limit of {self.timeout:g} s", timed_out=True)
-            blob = recv(self.sock)
-            if blob is None:
-                raise self._gone()
-            data = torch.load(io.BytesIO(blob), weights_only=True)
-            self.printed += data.pop("output_text", "") or ""
+            blob = self._receive(end)
+            try:
+                data = torch.load(io.BytesIO(blob), weights_only=True)
+            except Exception as exc:  # noqa: BLE001  (whatever the bytes were, they were no reply)
+                raise self._refuse_reply(f"a reply that could not be read ({type(exc).__name__})") from None
+            try:
+                data = checked_reply(data)
+            except ValueError as exc:
+                raise self._refuse_reply(str(exc)) from None
+            text = data.pop("output_text", "")
+            room = PRINTED_CAP - len(self.printed)
+            if room > 0:
+                self.printed += text[:room] + ("\n... (output capped)" if len(text) > room else "")
             if data.get("kind") != "callback":
                 return data
             try:
                 send(self.sock, self._serve_remote(data))
             except OSError:
                 raise self._gone() from None
+
+    def _receive(self, end: float) -> bytes:
+        """One message from the runner: an 8-byte length, at most REPLY_CAP, then the bytes, all by `end`."""
+        head = self._read_exactly(8, end)
+        size = struct.unpack("!Q", head)[0]
+        if size > REPLY_CAP:
+            raise self._refuse_reply(f"a reply of {size:,} bytes (at most {REPLY_CAP // 2**20} MiB are read)")
+        return self._read_exactly(size, end)
+
+    def _read_exactly(self, n: int, end: float) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                self._kill()
+                raise RunnerGone(f"killed after the time limit of {self.timeout:g} s", timed_out=True)
+            try:
+                chunk = self.sock.recv(min(n - got, 1 << 20))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise self._gone()
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _refuse_reply(self, what: str) -> RunnerGone:
+        self._kill()
+        return RunnerGone(f"it sent {what}, which is not a reply; the runner was ended")
 
     def _serve_remote(self, data: dict) -> bytes:
         """Run one call of a remote model (runner_main's RemoteModel) here, under the runner's RNG, and answer
@@ -218,7 +261,14 @@ class Runner:
         model = self.remote.get(data.get("handle"))
         args, kwargs = decode(data.get("args") or []), decode(data.get("kwargs") or {})
         answer: dict = {}
-        if model is None:
+        self.remote_calls += 1
+        self.remote_bytes += _tensor_bytes([args, kwargs])
+        if self.remote_calls > REMOTE_CALLS_CAP or self.remote_bytes > REMOTE_BYTES_CAP:
+            answer["error"] = ("RuntimeError", f"{model!r} was called {self.remote_calls:,} times with "
+                                               f"{self.remote_bytes / 2**20:.0f} MiB of tensors in this check; the "
+                                               f"grader runs at most {REMOTE_CALLS_CAP:,} calls and "
+                                               f"{REMOTE_BYTES_CAP // 2**20} MiB for one check")
+        elif model is None:
             answer["error"] = ("RuntimeError", "this model was an input of an earlier call: use the one your "
                                                "function is given")
         elif _ungradable(args) or _ungradable(kwargs):
@@ -232,6 +282,8 @@ class Runner:
             saved = torch.random.get_rng_state()
             if data.get("rng") is not None:
                 torch.random.set_rng_state(data["rng"])
+            if hasattr(type(model), "kata_caller_grad"):  # whether the learner's code called it with autograd on
+                model.kata_caller_grad = data.get("grad", False)
             try:
                 with torch.no_grad():
                     answer["output"] = model(*args, **kwargs)
@@ -259,15 +311,17 @@ class Runner:
         self.zygote.wait(self.pid)
         self.closed = True
 
-    def call(self, function: str, inputs: dict, rng=None, meter=None) -> dict:
+    def call(self, function: str, inputs: dict, rng=None, meter=None, observe: tuple = ()) -> dict:
         """One call of the learner's function; the runner's reply as a dict (kind: ok / raised / ...).
         The remote models among the inputs (a class with `kata_remote = True`) stay here: the runner gets
         stand-ins whose calls `_ask` serves, and `remote_failures` holds what their checks raised."""
         buffer = io.BytesIO()
         self.remote, self.remote_failures = {}, []
+        self.remote_calls = self.remote_bytes = 0
         _Outbound(buffer, self.remote).dump(inputs)
         try:
-            return self._ask({"op": "call", "function": function, "rng": rng, "meter": meter}, buffer.getvalue())
+            return self._ask({"op": "call", "function": function, "rng": rng, "meter": meter,
+                              "observe": list(observe)}, buffer.getvalue())
         finally:
             self.remote = {}
 
@@ -300,6 +354,110 @@ class _Outbound(pickle.Pickler):
 # A remote model runs in the grader's process, so a call's inputs are capped there: the tiny models' real
 # inputs are kilobytes (8x8 latents, 77-token embeddings), and a huge one would cost the grader, not the runner.
 REMOTE_INPUT_CAP = 16 * 2**20
+# ... and so are a check's calls in all (a probe keeps what each call saw): the longest loops here make hundreds.
+REMOTE_CALLS_CAP = 10_000
+REMOTE_BYTES_CAP = 512 * 2**20
+# What a runner sends is read only up to these: a reply (the tiny models' outputs are kilobytes to a few MiB)
+# and what the learner's code printed, kept for the check's report.
+REPLY_CAP = 64 * 2**20
+PRINTED_CAP = 16_000
+
+# The shape of a reply, checked before the grader uses it: kinds, and for each field the types it may hold.
+_KINDS = frozenset({"ok", "raised", "import_error", "grader_error", "missing_function", "callback"})
+_TEXT_CAP = 8_000  # characters of any one string in a reply
+
+
+def _text(value, cap: int = _TEXT_CAP) -> str:
+    return value[:cap] if isinstance(value, str) else ""
+
+
+def _names(value, cap: int = 2_000) -> list[str]:
+    return [v[:200] for v in value[:cap] if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def checked_reply(data) -> dict:
+    """A runner's reply, reduced to what the grader reads, each field of the type it must have (ValueError where
+    the reply is not one). The runner is the learner's process: nothing in it is taken on trust."""
+    import torch
+
+    if not isinstance(data, dict) or data.get("kind") not in _KINDS:
+        raise ValueError("a reply of an unknown kind")
+    kind = data["kind"]
+    out: dict = {"kind": kind, "output_text": _text(data.get("output_text"), PRINTED_CAP)}
+    if kind == "ok":
+        out["output"] = data.get("output")  # graded as a value: compared, never run
+        measurement = data.get("measurement")
+        if measurement is not None and (type(measurement) not in (int, float)):
+            raise ValueError("a measurement that is not a number")
+        out["measurement"] = measurement
+        state = torch.random.get_rng_state()
+        after = data.get("rng_after")
+        out["rng_after"] = after if isinstance(after, torch.Tensor) and after.dtype == torch.uint8 \
+            and after.shape == state.shape else None
+        generators = data.get("generators")
+        out["generators"] = {k[:200]: v for k, v in generators.items() if isinstance(k, str) and (
+            _generator_state(v) or isinstance(v, list) and len(v) <= 4096 and all(map(_generator_state, v)))} \
+            if isinstance(generators, dict) and len(generators) <= 64 else {}
+        out["called"] = [[_text(pair[0], 500), _text(pair[1], 200)] for pair in data.get("called") or []
+                         if isinstance(pair, (list, tuple)) and len(pair) == 2][:1000] \
+            if isinstance(data.get("called"), list) else []
+        observed = data.get("observed")
+        out["observed"] = {k[:200]: v for k, v in observed.items() if isinstance(k, str) and _plain_data(v)} \
+            if isinstance(observed, dict) and len(observed) <= 16 else {}
+    elif kind in ("raised", "import_error"):
+        for key in ("type", "module", "message", "reason", "detail"):
+            out[key] = _text(data.get(key))
+        out["frames"] = [(_text(f[0], 500), f[1] if type(f[1]) is int else 0, _text(f[2], 200), _text(f[3], 300))
+                         for f in data.get("frames") or [] if isinstance(f, (list, tuple)) and len(f) == 4][:50] \
+            if isinstance(data.get("frames"), list) else []
+        out["called"] = [[_text(p[0], 500), _text(p[1], 200)] for p in data.get("called") or []
+                         if isinstance(p, (list, tuple)) and len(p) == 2][:1000] \
+            if isinstance(data.get("called"), list) else []
+        for flag in ("kata_failure", "answer_key"):
+            if data.get(flag) is True:
+                out[flag] = True
+        syntax = data.get("syntax")
+        if isinstance(syntax, dict):
+            out["syntax"] = dict(msg=_text(syntax.get("msg")), text=_text(syntax.get("text"), 300),
+                                 filename=_text(syntax.get("filename"), 500),
+                                 lineno=syntax.get("lineno") if type(syntax.get("lineno")) is int else 0)
+    elif kind == "grader_error":
+        out["message"] = _text(data.get("message"))
+    elif kind == "callback":
+        out["handle"] = data.get("handle") if type(data.get("handle")) is int else None
+        out["args"] = data.get("args") if isinstance(data.get("args"), list) else []
+        out["kwargs"] = {k: v for k, v in data["kwargs"].items() if isinstance(k, str)} \
+            if isinstance(data.get("kwargs"), dict) else {}
+        rng = data.get("rng")
+        out["rng"] = rng if isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8 \
+            and rng.shape == torch.random.get_rng_state().shape else None
+        out["grad"] = data.get("grad") is True
+    out["functions"] = _names(data.get("functions"))
+    out["stubs"] = _names(data.get("stubs"))
+    return out
+
+
+def _plain_data(value, depth: int = 0, budget: list | None = None) -> bool:
+    """Strings, numbers, booleans and None, in lists, tuples and str-keyed dicts: at most 3 deep and 10,000 items."""
+    budget = [10_000] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    if value is None or type(value) in (bool, int, float):
+        return True
+    if type(value) is str:
+        return len(value) <= _TEXT_CAP
+    if type(value) in (list, tuple) and depth < 3:
+        return all(_plain_data(v, depth + 1, budget) for v in value)
+    if type(value) is dict and depth < 3:
+        return all(type(k) is str and _plain_data(v, depth + 1, budget) for k, v in value.items())
+    return False
+
+
+def _generator_state(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1 and value.numel() <= 2**16
 
 
 def _tensor_bytes(value) -> int:

@@ -30,8 +30,9 @@ MESSAGE_CAP = 2000  # characters of an exception's message
 FRAMES_CAP = 12  # traceback frames kept (the learner's, or the last ones)
 # Imported by the warm parent so that a runner starts in milliseconds.
 # (the graders themselves are loaded into the warm parent on first use, with what they import).
-PRELOAD = ("torch", "numpy", "ctypes", "platform", "resource", "diffusion_katas.core.spec", "diffusion_katas.engine.isolation",
-           "diffusion_katas.engine.meters")
+PRELOAD = ("torch", "numpy", "ctypes", "platform", "resource", "logging", "inspect", "traceback",
+           "diffusion_katas.core.spec", "diffusion_katas.engine.isolation", "diffusion_katas.engine.meters",
+           "diffusion_katas.engine.sandbox")
 
 
 # ---- framing: an 8-byte length, then the payload -----------------------------------------------------------
@@ -59,7 +60,16 @@ def _exactly(sock: socket.socket, n: int) -> bytes | None:
 
 # ---- the warm parent ---------------------------------------------------------------------------------------
 def zygote(control_fd: int) -> None:
+    import atexit
+    import shutil
+    import tempfile
+
     control = socket.socket(fileno=control_fd)
+    # The runners' one writable folder (engine/sandbox.py): emptied after each runner, removed at the end.
+    _SCRATCH[:] = [tempfile.mkdtemp(prefix="kata-runners-")]
+    tempfile.tempdir = _SCRATCH[0]
+    atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the grader's close(): clean up on the way out
     for name in PRELOAD:
         try:
             __import__(name)
@@ -82,10 +92,15 @@ def zygote(control_fd: int) -> None:
                     forgotten.discard(pid)
             except ChildProcessError:
                 forgotten.discard(pid)
+        if not forgotten:
+            _empty_scratch()
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
+            before = dict(loaded)
             answer = _load_graders(command, loaded)
-            _prepare_runners()  # the graders' size is the runners' starting point
+            # the sandbox's plan again only where a grader was (re)loaded; the size always (the graders' and their
+            # imports' size is the runners' starting point)
+            _prepare_runners(plan=loaded != before)
             control.sendall((answer + "\n").encode())
         elif command["op"] == "fork" and fds:
             # Python's advice for fork without exec: what the runner inherits (torch, diffusers, the graders)
@@ -114,6 +129,8 @@ def zygote(control_fd: int) -> None:
                        else f"exit {os.WEXITSTATUS(status)}")
             except ChildProcessError:
                 how = "unknown"
+            if not forgotten:
+                _empty_scratch()
             control.sendall(f"{how}\n".encode())
         for fd in fds[1:] if command["op"] == "fork" else fds:
             os.close(fd)
@@ -195,19 +212,21 @@ class Captured:
         os.dup2(self.file.fileno(), 2)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        self.offset = 0
 
     def take(self) -> str:
+        """What was printed since the last take (capped); the file is emptied, so it never outgrows the runner's
+        file size cap (engine/sandbox.py) across calls, only within one."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        end = os.lseek(self.file.fileno(), 0, os.SEEK_END)
-        n = end - self.offset
-        os.lseek(self.file.fileno(), self.offset, os.SEEK_SET)
-        data = os.read(self.file.fileno(), min(n, OUTPUT_CAP * 4)) if n > 0 else b""
-        self.offset = end
+        fd = self.file.fileno()
+        n = os.lseek(fd, 0, os.SEEK_END)
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = os.read(fd, min(n, OUTPUT_CAP * 4)) if n > 0 else b""
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
         text = data.decode("utf-8", "replace")
         if len(text) > OUTPUT_CAP or n > len(data):
             text = text[:OUTPUT_CAP] + f"\n... (output capped: {n:,} bytes printed, {OUTPUT_CAP:,} characters shown)"
@@ -272,8 +291,8 @@ def frames_of(exc: BaseException, learner_files: set[str]) -> list[tuple[str, in
 
 def raised(exc: BaseException, learner_files: set[str]) -> dict:
     from diffusion_katas.core.spec import KataFailure
-    from diffusion_katas.engine.alone import refused_process_note
     from diffusion_katas.engine.isolation import AnswerKeyError
+    from diffusion_katas.engine.sandbox import file_size_note, refused_process_note
 
     try:
         message = str(exc)
@@ -281,7 +300,7 @@ def raised(exc: BaseException, learner_files: set[str]) -> dict:
         message = "<the exception's message could not be read>"
     if len(message) > MESSAGE_CAP:
         message = message[:MESSAGE_CAP] + f" ... ({len(message):,} characters, capped)"
-    message += refused_process_note(exc) + _memory_note(exc, message)
+    message += refused_process_note(exc) + file_size_note(exc) + _memory_note(exc, message)
     data = {"kind": "raised", "type": type(exc).__name__, "module": type(exc).__module__, "message": message,
             "frames": frames_of(exc, learner_files)}
     if isinstance(exc, KataFailure):
@@ -384,7 +403,8 @@ def _remote_call(handle: int, args: tuple, kwargs: dict):
     buffer = io.BytesIO()
     try:
         torch.save({"kind": "callback", "handle": handle, "args": encode(list(args)), "kwargs": encode(kwargs),
-                    "rng": torch.random.get_rng_state(), "output_text": captured.take()}, buffer)
+                    "rng": torch.random.get_rng_state(), "grad": torch.is_grad_enabled(),
+                    "output_text": captured.take()}, buffer)
     except Exception as exc:  # noqa: BLE001  (nothing was sent: the call fails here, the protocol stays in step)
         raise TypeError(f"the arguments could not be sent to the model: {type(exc).__name__}: {exc}") from None
     send(sock, buffer.getvalue())
@@ -401,32 +421,6 @@ def _remote_call(handle: int, args: tuple, kwargs: dict):
             raise kind(message)
         raise RuntimeError(f"{name}: {message}")
     return answer["output"]
-
-
-def probe_state(inputs: dict) -> dict:
-    """What the grader's own probes among the inputs recorded during the call (a denoiser's call count and
-    batch sizes, the timesteps it saw): their plain-data attributes, for the grader to copy back into its
-    copies of them. Probes are the objects whose class a grader module or the shared helpers define."""
-    state = {}
-    for name, value in inputs.items():
-        module = type(value).__module__
-        if not (module.startswith("diffusion_katas_grader_") or module == "diffusion_katas.engine.helpers"):
-            continue
-        if getattr(type(value), "kata_counts_remotely", False):  # its parts record in the grader (remote models)
-            continue
-        attrs = {k: v for k, v in vars(value).items() if not k.startswith("__") and _plain(v)}
-        state[name] = attrs
-    return state
-
-
-def _plain(value, depth: int = 0) -> bool:
-    import torch
-
-    if value is None or type(value) in (bool, int, float, str, torch.Tensor):  # a Tensor itself, no subclass
-        return True
-    if type(value) in (list, tuple) and depth < 3:
-        return all(_plain(v, depth + 1) for v in value)
-    return False
 
 
 # What a TODO stub's code may consist of: `raise NotImplementedError` or `raise NotImplementedError("...")`.
@@ -479,19 +473,26 @@ def _open(request: dict):
                 load_module(path, name)
             except BaseException as exc:  # noqa: BLE001
                 return None, set(), None, {"kind": "grader_error", "message": f"{type(exc).__name__}: {exc}"[:MESSAGE_CAP]}
-    from diffusion_katas.engine.alone import deny_new_processes, watch_threads
+    from diffusion_katas.engine import sandbox
+    from diffusion_katas.engine.alone import watch_threads
     from diffusion_katas.engine.isolation import CodeLock
 
-    deny_new_processes()  # graded code starts no process of its own, at import or in a call (engine/alone.py)
-    watch_threads(_threads())
-    _limit_memory(request.get("memory"))
     source = request["source"]
     learner_files = {source, *request.get("learner_files", ())}
+    graders = [path for path, _name in request.get("grader_modules", ())]
+    # Confined for good before any learner code: its own folder and the graders readable, nothing else of the
+    # course (engine/sandbox.py). Graded code starts no process of its own, at import or in a call.
+    sandbox.enter(sorted({os.path.dirname(f) for f in learner_files} | set(graders)))
+    watch_threads(_threads())
+    _limit_memory(request.get("memory"))
     lock = CodeLock(request.get("answer_key", ()), request.get("kata", ""), request.get("forbidden_ops", ()),
                     tuple(learner_files), request.get("answer_key_direct", ()))
     lock.install()
-    try:
-        module = load_module(source, request["module"])
+    plan = sandbox.plan()
+    lock.arm(tuple(plan.library_roots if plan else ()) + tuple(graders))
+    sandbox.forget_ctypes()
+    try:  # in the lock's window: the answer key is refused at import as in a call
+        module = lock.run(load_module, source, request["module"], who="the kata file, at import,")
     except BaseException as exc:  # noqa: BLE001  (SyntaxError, ImportError, SystemExit, KeyboardInterrupt...)
         data = raised(exc, learner_files)
         data["kind"] = "import_error"
@@ -507,12 +508,40 @@ _MEMORY: list = []  # the limit set, in bytes beyond the runner's start, for the
 _START_SIZE: list = []  # the warm parent's address-space size, which each runner starts from
 
 
-def _prepare_runners() -> None:
-    """What every runner needs and the warm parent can do once: the process filter built, its size read."""
-    from diffusion_katas.engine.alone import prepare
+def _prepare_runners(plan: bool = True) -> None:
+    """What every runner needs and the warm parent can do once: the sandbox's plan, its own size read."""
+    from diffusion_katas.engine import sandbox
 
-    prepare()
+    if plan or sandbox.plan() is None:
+        from diffusion_katas.engine.isolation import plain_modules
+
+        sandbox.prepare(_SCRATCH[0] if _SCRATCH else "", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        plain_modules()
     _START_SIZE[:] = [_address_space()]
+
+
+_SCRATCH: list = []  # the runners' writable folder, made by the warm parent
+
+
+def _empty_scratch() -> None:
+    """What the last runner left in the scratch folder goes (no runner is alive to need it)."""
+    import shutil
+
+    if not _SCRATCH:
+        return
+    try:
+        entries = os.listdir(_SCRATCH[0])
+    except OSError:
+        return
+    for name in entries:
+        path = os.path.join(_SCRATCH[0], name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _address_space() -> int | None:
@@ -565,14 +594,22 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
         result = call_learner(fn, inputs, request["function"], request.get("meter"), lock, used)
     except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
         return dict(raised(exc, learner_files), called=_called(lock))
-    if request.get("meter") is not None:
-        measurement, out = result
-    else:
+    if request.get("meter") is None:
         measurement, out = None, result
+    elif isinstance(result, tuple) and len(result) == 2:  # peak_bytes, flops: (measurement, output)
+        measurement, out = result
+    else:  # cuda_time_ms: the measurement alone
+        measurement, out = result, None
     generators = {name: value.get_state() for name, value in used.items() if isinstance(value, torch.Generator)}
     generators.update({name: [v.get_state() for v in value] for name, value in used.items()  # one per sample
                        if isinstance(value, list) and value and all(isinstance(v, torch.Generator) for v in value)})
-    return {"kind": "ok", "output": encode(out), "measurement": measurement, "state": probe_state(inputs),
+    observed = {}
+    for name in request.get("observe") or ():  # what a grader's input recorded of the call (its dtype moves, say)
+        try:
+            observed[name] = used[name].kata_observe()
+        except Exception:  # noqa: BLE001  (no such input, or it records nothing: nothing observed)
+            pass
+    return {"kind": "ok", "output": encode(out), "measurement": measurement, "observed": observed,
             "rng_after": torch.random.get_rng_state(), "called": _called(lock), "generators": generators}
 
 

@@ -136,8 +136,9 @@ class KataItem(pytest.Item):
 
     def seed(self, salt: str = "") -> int:
         session = self.config.stash[state.SESSION]
-        base = session.hidden_seed if self.hidden else session.seed
-        return (base + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
+        if self.hidden:  # keyed: a hidden check's seed does not lead back to the instructor's secret
+            return state.hidden_check_seed(session.hidden_seed, self.lab, self.kata.name, salt)
+        return (session.seed + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
 
     def learner_function(self) -> str:
         """Open this check's runner on the learner's file; the function's name once it is there."""
@@ -207,21 +208,21 @@ class KataItem(pytest.Item):
             f"({_how(gone.how)}): look for os._exit, sys.exit in a thread, or a crash in native code",
             Reason.CRASH, f"the runner ended: {gone.how}")
 
-    def call_learner(self, fn: str, inputs: dict, meter=None):
-        """The learner's function on fresh inputs in the runner, with its TODO, crash and guard outcomes
-        sorted; the reply's probe states restored into the grader's own input objects."""
-        import torch
-
+    def call_learner(self, fn: str, inputs: dict, meter=None, rng=None, observe: tuple = ()):
+        """The learner's function on fresh inputs in the runner, with its TODO, crash and guard outcomes sorted.
+        The call starts from the global RNG state `rng` (Scenario.global_rng), or one of fresh entropy: never a
+        state derived from the seed. The state it leaves is kept in `last_rng_after`; the grader's own global RNG
+        goes on as if the call had not happened (its later draws do not depend on the learner's)."""
+        from diffusion_katas.engine.helpers import fresh_rng_state
         from diffusion_katas.engine.runner import RemoteError, RunnerGone, decode
 
         if self.runner is None or self.runner.closed:
             raise KataFailure(f"{self.last_context}\n  (the runner for this check has ended)", Reason.CRASH)
         self.runner.timeout = max(0.1, self.deadline - time.monotonic())
-        own = torch.random.get_rng_state()
-        sent = own.clone()
-        sent[:8] = 0  # the seed the state came from (torch.initial_seed()) is not the runner's to read
+        sent = rng if rng is not None else fresh_rng_state()
+        self.last_rng_after, self.last_observed = None, {}
         try:
-            data = self.runner.call(fn, inputs, sent, meter)
+            data = self.runner.call(fn, inputs, sent, meter, observe)
         except RunnerGone as gone:
             self._echo()
             raise self._gone(gone) from None
@@ -233,15 +234,7 @@ class KataItem(pytest.Item):
         kind = data.get("kind")
         self.last_generators = data.get("generators") or {}
         if kind == "ok":
-            for name, attrs in (data.get("state") or {}).items():  # what the grader's probes recorded there
-                probe = inputs.get(name)
-                for attr, value in attrs.items():
-                    if hasattr(probe, attr):
-                        setattr(probe, attr, value)
-            if data.get("rng_after") is not None:  # as if the call had run here: later draws see its draws
-                after = data["rng_after"]
-                after[:8] = own[:8]  # with the seed it came from (graders read torch.initial_seed())
-                torch.random.set_rng_state(after)
+            self.last_rng_after, self.last_observed = data.get("rng_after"), data.get("observed") or {}
             out = decode(data.get("output"))
             return out if meter is None else (data.get("measurement"), out)
         if kind == "missing_function":
@@ -264,6 +257,7 @@ class KataItem(pytest.Item):
 
         from diffusion_katas.engine import builds
         from diffusion_katas.engine.comparison import mismatch
+        from diffusion_katas.engine.helpers import fresh_rng_state
         from diffusion_katas.core.tolerances import for_dtype, output_dtype
 
         session = self.config.stash[state.SESSION]
@@ -286,13 +280,22 @@ class KataItem(pytest.Item):
             scenarios = [built] if isinstance(built, Scenario) else list(built)
             for scenario in scenarios:
                 self.last_context = self._context(check, number, total, case, scenario)
-                rng = torch.random.get_rng_state()  # traps replay the learner's call from here
-                out = self.call_learner(fn, scenario.inputs)
+                # the global RNG state the call starts from (traps replay the learner's call from it)
+                rng = scenario.global_rng if scenario.global_rng is not None else fresh_rng_state()
+                out = self.call_learner(fn, scenario.inputs, rng=rng, observe=scenario.observe)
                 if scenario.verify is not None:
+                    own = torch.random.get_rng_state()
+                    # verify sees the global RNG as the call left it (where the reference drew from it)
+                    torch.random.set_rng_state(self.last_rng_after if self.last_rng_after is not None else rng)
                     try:
-                        scenario.verify(out)
+                        if scenario.observe:
+                            scenario.verify(out, self.last_observed)
+                        else:
+                            scenario.verify(out)
                     except KataFailure as exc:
                         raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
+                    finally:
+                        torch.random.set_rng_state(own)
                 tol = for_dtype(check.tol, output_dtype(scenario.expected))
                 problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
                 if problem:
@@ -346,6 +349,7 @@ class KataItem(pytest.Item):
         lines = [self.last_context, f"  {problem}"]
         best = None  # (distance, order, trap): the trap whose output is nearest the learner's explains it best
         finite = has_finite(out)
+        own = torch.random.get_rng_state()
         for order, trap in enumerate(t for t in self.kata.traps if finite or t.nonfinite):
             if rng is not None:  # a trap that draws from the global RNG (no `generator=`) draws what the learner drew
                 torch.random.set_rng_state(rng)
@@ -353,6 +357,8 @@ class KataItem(pytest.Item):
                 wrong = trap.fn(**fresh(scenario.inputs))
             except Exception:
                 continue
+            finally:
+                torch.random.set_rng_state(own)
             if matches(out, wrong, tol) and not matches(scenario.expected, wrong, tol):
                 near = distance(out, wrong)
                 if best is None or near < best[0]:
