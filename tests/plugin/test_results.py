@@ -119,7 +119,11 @@ def test_junit_xml_is_written_by_pytest_as_it_is(toy, tmp_path):
 LEAK_HUNT = """
 import os
 found = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
+try:
+    pids = list(filter(str.isdigit, os.listdir("/proc")))
+except PermissionError:  # the sandbox shows no process list: guess the grader's pids near the warm parent's
+    pids = [str(p) for p in range(max(1, os.getppid() - 200), os.getppid() + 200)]
+for pid in pids:
     for what in ("cmdline", "environ"):
         try:
             with open(f"/proc/{pid}/{what}", "rb") as f:

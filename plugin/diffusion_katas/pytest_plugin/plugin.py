@@ -34,10 +34,10 @@ SEED_HELP = "Seed for the graders' random inputs; a failure prints the seed that
 HINTS_HELP = ("Hint tiers to show with a failure (0-3); default: one more than you have seen (here or with "
               "`kata hint`) each time the function fails")
 GRADESCOPE_HELP = "Write Gradescope's results.json to PATH (one test per kata function, points as declared)"
-HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor seed "
-                    "(default: $KATA_HIDDEN_SEED)")
+HIDDEN_SEED_HELP = ("Also run hidden checks: every check again on inputs drawn from this instructor secret (any "
+                    "text: a long random one cannot be guessed from the hidden inputs; default: $KATA_HIDDEN_SEED)")
 HIDDEN_CASES_HELP = 'JSON file of extra hidden cases: {"lab::function::check": [case, ...]}'
-SECRET_FD_HELP = ("Read the hidden seed and hidden cases as JSON ({\"hidden_seed\": N, \"hidden_cases\": {...}}) from "
+SECRET_FD_HELP = ("Read the hidden seed and hidden cases as JSON ({\"hidden_seed\": S, \"hidden_cases\": {...}}) from "
                   "this inherited file descriptor, then close it (how kata class and the autograder pass them: "
                   "never on a command line, in the environment or in a file)")
 HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default) or the full message"
@@ -73,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-reuse-builds", action="store_true", default=False, help=REUSE_HELP)
     group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
     group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
-    group.addoption("--kata-hidden-seed", type=int, default=None, metavar="N", help=HIDDEN_SEED_HELP)
+    group.addoption("--kata-hidden-seed", default=None, metavar="SECRET", help=HIDDEN_SEED_HELP)
     group.addoption("--kata-hidden-cases", default=None, metavar="PATH", help=HIDDEN_CASES_HELP)
     group.addoption("--kata-secret-fd", type=int, default=None, metavar="FD", help=SECRET_FD_HELP)
     group.addoption("--kata-hidden-output", choices=("name-only", "full"), default="name-only",
@@ -132,7 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
         memory_gib=memory,
         json_path=_path(config.getoption("kata_json")),
         gradescope_path=_path(config.getoption("gradescope")),
-        hidden_seed=hidden_seed if hidden_seed is not None else (0 if hidden_cases else None),
+        hidden_seed=str(hidden_seed) if hidden_seed is not None else ("0" if hidden_cases else None),
         hidden_cases=hidden_cases,
         hidden_output=config.getoption("kata_hidden_output"),
         reuse_builds=config.getoption("kata_reuse_builds"),
@@ -148,9 +148,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # whose five gc.collect() calls walked torch's and diffusers' whole heap: 1.3 s of a 1.9 s warm grading).
     config.add_cleanup(gc.unfreeze)
     if _grades_katas(config, session):
-        # Start the runners' warm parent now: its imports overlap with this process's collection.
+        from diffusion_katas.engine import sandbox
         from diffusion_katas.engine.runner import Zygote
 
+        sandbox.open_to_box(course.katas)  # a class's box reads its kata folder (where one was given: KATA_BOX)
+        # Start the runners' warm parent now: its imports overlap with this process's collection.
         Zygote.shared()
 
 
@@ -169,17 +171,11 @@ def _path(value: str | None) -> Path | None:
     return Path(value).resolve() if value else None
 
 
-def _hidden_seed(config: pytest.Config) -> int | None:
+def _hidden_seed(config: pytest.Config) -> str | None:
     seed = config.getoption("kata_hidden_seed")
-    if seed is not None:
+    if seed:
         return seed
-    env = os.environ.get("KATA_HIDDEN_SEED")
-    if env:
-        try:
-            return int(env)
-        except ValueError:
-            raise pytest.UsageError(f"KATA_HIDDEN_SEED must be an integer, got {env!r} from the environment")
-    return None
+    return os.environ.get("KATA_HIDDEN_SEED") or None
 
 
 def _hidden_cases(path: str | None) -> dict:
@@ -217,11 +213,11 @@ def _secret(fd: int | None) -> dict:
     except (OSError, ValueError) as exc:
         raise pytest.UsageError(f"--kata-secret-fd {fd}: could not read the hidden seed and cases ({exc})")
     seed = data.get("hidden_seed") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or not (seed is None or isinstance(seed, int)) \
+    if not isinstance(data, dict) or not (seed is None or isinstance(seed, (int, str))) \
             or not _case_table(data.get("hidden_cases", {})):
         raise pytest.UsageError(f"--kata-secret-fd {fd}: expected "
-                                '{"hidden_seed": N, "hidden_cases": {"lab::function::check": [case, ...]}}')
-    return {"hidden_seed": seed, "hidden_cases": data.get("hidden_cases", {})}
+                                '{"hidden_seed": S, "hidden_cases": {"lab::function::check": [case, ...]}}')
+    return {"hidden_seed": None if seed is None else str(seed), "hidden_cases": data.get("hidden_cases", {})}
 
 
 def _check_hidden_keys(cases: dict, items: list[pytest.Item]) -> None:

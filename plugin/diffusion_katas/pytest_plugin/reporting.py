@@ -38,6 +38,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             detail = headroom(item.measurements)  # a passing budget shows how close it came
         report.kata_status, report.kata_reason = status.value, reason.value
         session = item.config.stash[state.SESSION]
+        if item.hidden and session.hidden_output == "name-only":
+            detail = ""  # a hidden check's detail could carry text of the learner's making (a message, a name)
         message = "" if report.passed else str(report.longrepr or "")
         printed = "" if report.passed or item.hidden else printed_output(report)  # hidden inputs stay hidden
         session.results.append(Result(
@@ -134,7 +136,9 @@ def failure_text(item, excinfo) -> str:
 
     session = item.config.stash[state.SESSION]
     rel = session.rel(item.parent.source)
-    if item.hidden and session.hidden_output == "name-only" and not excinfo.errisinstance(KataTodo):
+    if item.hidden and session.hidden_output == "name-only":  # nothing the learner's code said or did reaches it
+        if excinfo.errisinstance(KataTodo):
+            return f"hidden check: `{item.kata.name}` is not written yet (TODO)"
         return (f"hidden check failed: {item.kata.name} · {item.check.name} "
                 "(its inputs and message are withheld; the visible checks teach the same thing)")
     if excinfo.errisinstance(KataTodo):

@@ -21,8 +21,8 @@ class KataSession:
     memory_gib: float = 4.0  # --kata-memory: what learner code may allocate beyond the runner's start
     json_path: Path | None = None  # --kata-json
     gradescope_path: Path | None = None  # --gradescope
-    # Hidden checks: the instructor's seed and extra cases ("lab::function::check" -> [case]).
-    hidden_seed: int | None = None
+    # Hidden checks: the instructor's secret seed (any text) and extra cases ("lab::function::check" -> [case]).
+    hidden_seed: str | None = None
     hidden_cases: dict = field(default_factory=dict)
     hidden_output: str = "name-only"  # or "full"
     # The hint tiers the learner has seen (core/tiers.py: .kata/hints.json, shared with `kata hint`), and the
@@ -75,3 +75,14 @@ class KataSession:
 
 # The grading session: course, seed, results. Set in pytest_configure, only inside a course.
 SESSION = pytest.StashKey[KataSession]()
+
+
+def hidden_check_seed(secret: str, *parts: str) -> int:
+    """A hidden check's seed: a keyed hash of the check's name under the instructor's secret. Every learner gets
+    the same hidden inputs, and nothing a learner can see of one check (its inputs, the seed behind them) leads
+    back to the secret or to another check's seed, as long as the secret cannot be guessed (a long random one)."""
+    import hashlib
+
+    key = hashlib.sha256(str(secret).encode("utf-8")).digest()
+    digest = hashlib.blake2b(":".join(parts).encode("utf-8"), key=key, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**31

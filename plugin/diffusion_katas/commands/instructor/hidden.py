@@ -25,7 +25,7 @@ from diffusion_katas.core.course import Course
 class Hidden:
     """What the hidden checks draw from; empty when the instructor gave neither."""
 
-    seed: int | None = None
+    seed: str | None = None  # the instructor's secret (any text)
     cases: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
@@ -40,7 +40,8 @@ class Hidden:
     @classmethod
     def from_secret(cls, data: bytes) -> "Hidden":
         raw = json.loads(data.decode("utf-8"))
-        return cls(raw.get("hidden_seed"), raw.get("hidden_cases") or {})
+        seed = raw.get("hidden_seed")
+        return cls(None if seed is None else str(seed), raw.get("hidden_cases") or {})
 
 
 def read_cases(path: str | Path) -> dict:
@@ -103,7 +104,7 @@ def case_problems(course: Course, catalog: Catalog, cases: dict) -> list[str]:
     return problems
 
 
-def load_hidden(course: Course, catalog: Catalog, seed: int | None, cases_path: str | None) -> Hidden:
+def load_hidden(course: Course, catalog: Catalog, seed: str | None, cases_path: str | None) -> Hidden:
     """The hidden seed and cases for a grading run, checked: InstructorError before anyone is graded."""
     cases = read_cases(cases_path) if cases_path else {}
     problems = case_problems(course, catalog, cases) if cases else []
@@ -111,7 +112,7 @@ def load_hidden(course: Course, catalog: Catalog, seed: int | None, cases_path: 
         raise InstructorError(f"--hidden-cases {cases_path}: {len(problems)} problem(s), stopped before grading anyone:\n  "
                               + "\n  ".join(problems))
     if cases and seed is None:
-        seed = 0  # as the plugin does: hidden cases run with hidden checks, drawn from seed 0
+        seed = "0"  # as the plugin does: hidden cases run with hidden checks, drawn from seed 0
     return Hidden(seed, cases)
 
 
