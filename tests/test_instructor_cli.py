@@ -87,16 +87,16 @@ def at_import(source: str, code: str) -> str:
 def graded_class(tmp_path_factory):
     root = tmp_path_factory.mktemp("class")
     subs = root / "submissions"
-    pidfile = root / "grandchild.pid"
     files = {
         # first, so that its 45 s run overlaps the others
         "frank_hangs": with_body(SOLUTION, "add_noise",
                                  "    import subprocess\n"
                                  "    try:\n"
-                                 "        child = subprocess.Popen(['sleep', '600'])\n"
+                                 "        subprocess.Popen(['sleep', '600'])\n"
                                  "    except PermissionError:  # the runner may start no process\n"
-                                 "        child = None\n"
-                                 f"    open({str(pidfile)!r}, 'w').write(str(child.pid if child else 'refused'))\n"
+                                 "        pass\n"
+                                 "    else:  # a process that could outlive the check: no hang, a wrong value instead\n"
+                                 "        return x0\n"
                                  # SIGALRM blocked: like a hang inside C code that never returns to
                                  # Python, pytest-timeout's signal never reaches it
                                  "    import signal\n"
@@ -108,7 +108,7 @@ def graded_class(tmp_path_factory):
         "carol_missing_module": at_import(KATA, "import not_a_real_module_xyz"),
         "dave_deleted_function": without_function(SOLUTION, "add_noise"),
         "gina_os_exit": at_import(SOLUTION, "import os\nos._exit(0)"),
-        "hank_segfault": at_import(SOLUTION, "import ctypes\nctypes.string_at(0)"),
+        "hank_segfault": at_import(SOLUTION, "import faulthandler\nfaulthandler._sigsegv()"),
     }
     for where, text in files.items():
         (subs / where).mkdir(parents=True)
@@ -123,7 +123,7 @@ def graded_class(tmp_path_factory):
     assert code == 0
     data = json.loads((out / "class.json").read_text(encoding="utf-8"))
     learners = {entry["learner"]: entry for entry in data["learners"]}
-    return {"out": out, "data": data, "learners": learners, "order": order, "pidfile": pidfile}
+    return {"out": out, "data": data, "learners": learners, "order": order}
 
 
 def statuses(entry: dict) -> dict[str, str]:
@@ -182,9 +182,8 @@ def test_a_hang_in_c_code_costs_only_its_function_and_it_could_start_no_process_
     points = dict(grader_functions(LAB))
     assert frank["outcome"] == "graded" and frank["score"] == frank["max_score"] - points["add_noise"]
     assert statuses(frank)["add_noise"] == "failed"
+    # a time-out, not a wrong value: `sleep 600` was refused (engine/sandbox.py's seccomp filter)
     assert "add_noise: timed out (per-check limit)" in frank["reason"]
-    # `sleep 600` was refused (engine/alone.py); were it not, the runner's process group would be killed
-    assert graded_class["pidfile"].read_text() == "refused"
 
 
 def test_os_exit_at_import_scores_zero_with_the_reason_although_the_process_exited_with_status_0(graded_class):
@@ -265,6 +264,18 @@ def test_a_missing_lab_file_scores_zero_and_gpu_budgets_run_in_a_serial_pass(tmp
     assert missing and all("missing file" in t["output"] for t in missing)
 
 
+def test_a_hidden_seed_typed_on_the_command_line_is_refused_with_the_way_to_give_it(tmp_path, capsys):
+    assert cli.main(["class", str(tmp_path), "--out", str(tmp_path / "o"), "--labs", LAB,
+                     "--hidden-seed", "4711"]) == 2
+    err = capsys.readouterr().err
+    assert "never given on the command line" in err and "--hidden-seed-file" in err
+    short = tmp_path / "seed.txt"
+    short.write_text("4711\n")
+    assert cli.main(["gradescope-bundle", "--out", str(tmp_path / "a.zip"), "--labs", LAB,
+                     "--hidden-seed-file", str(short)]) == 0
+    assert "can be guessed from the hidden inputs" in capsys.readouterr().err
+
+
 def test_bad_command_lines_are_reported_not_raised(tmp_path, capsys):
     assert cli.main(["class", str(tmp_path), "--out", str(tmp_path / "o"), "--labs", "no_such_lab"]) == 2
     assert "no single lab matches 'no_such_lab'" in capsys.readouterr().err
@@ -278,23 +289,56 @@ def test_bad_command_lines_are_reported_not_raised(tmp_path, capsys):
 
 # ---- submissions that attack the grading ------------------------------------------------------------------------
 GRADER_WRITE = """\
-import pathlib, re
-_ini = (pathlib.Path(__file__).resolve().parent.parent / "pytest.ini").read_text()
-_grader = pathlib.Path(re.search(r"kata_graders_dir = (.*)", _ini).group(1).strip()) / "01_forward_noise.py"
-_grader.write_text(_grader.read_text() + "\\nraise RuntimeError('sabotage')\\n")
+import pathlib, re, sysconfig
+for _target in (pathlib.Path(__file__).resolve().parent.parent / "pytest.ini",
+                pathlib.Path(sysconfig.get_paths()["purelib"]) / "kata_planted.pth"):
+    try:
+        _target.write_text("import os; os._exit(0)\\n")  # a .pth runs in every later Python of this install
+    except OSError:
+        pass
+try:
+    _ini = (pathlib.Path(__file__).resolve().parent.parent / "pytest.ini").read_text()
+    _grader = pathlib.Path(re.search(r"kata_graders_dir = (.*)", _ini).group(1).strip()) / "01_forward_noise.py"
+    _grader.write_text(_grader.read_text() + "\\nraise RuntimeError('sabotage')\\n")
+except OSError:
+    pass
 """
 SIBLINGS_DELETED = """\
 import pathlib, shutil
 _me = pathlib.Path(__file__).resolve().parent.parent
-for _other in _me.parent.iterdir():
-    if _other != _me:
-        shutil.rmtree(_other, ignore_errors=True)
+try:
+    for _other in _me.parent.iterdir():
+        if _other != _me:
+            shutil.rmtree(_other, ignore_errors=True)
+except OSError:
+    pass
+"""
+KILL_ALL = """\
+import os, signal
+for _pid in range(max(2, os.getppid() - 400), os.getppid() + 400):  # siblings, their runners, the class itself
+    if _pid != os.getpid():
+        try:
+            os.kill(_pid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+COPY_CLASSMATE = """\
+    import pathlib
+    mine = pathlib.Path(__file__).resolve().parent.parent
+    theirs = mine.parent / "alice_correct" / "katas" / "01_forward_noise.py"
+    namespace = {}
+    exec(theirs.read_text(), namespace)  # refused: the box reads its own project only
+    return namespace["add_noise"](x0, noise, timesteps, alphas_cumprod)
 """
 SEED_HUNT = """\
     import os, pathlib
     needle = str(73735000 + 173).encode()  # not spelled out: this file itself is searched too
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        pids = list(filter(str.isdigit, os.listdir("/proc")))
+    except PermissionError:  # no process list in the sandbox: guess the pids around the warm parent's
+        pids = [str(p) for p in range(max(1, os.getppid() - 300), os.getppid() + 300)]
+    for pid in pids:
         for what in ("cmdline", "environ"):
             try:
                 if needle in pathlib.Path(f"/proc/{pid}/{what}").read_bytes():
@@ -327,31 +371,37 @@ def course_copy(root: Path) -> Path:
     return course
 
 
-def test_submissions_that_write_a_grader_or_delete_their_siblings_cost_only_themselves(tmp_path, capsys):
+def test_submissions_that_attack_the_grading_reach_nothing_and_cost_only_themselves(tmp_path, capsys):
+    import sysconfig
+
     course = course_copy(tmp_path)
     subs = tmp_path / "submissions"
     files = {"alice_correct": SOLUTION, "ian_writes_the_grader": at_import(SOLUTION, GRADER_WRITE),
              "jack_deletes_siblings": at_import(SOLUTION, SIBLINGS_DELETED),
-             "kim_hunts_the_hidden_seed": with_body(SOLUTION, "add_noise", SEED_HUNT)}
+             "kim_hunts_the_hidden_seed": with_body(SOLUTION, "add_noise", SEED_HUNT),
+             "lea_kills_everyone": at_import(SOLUTION, KILL_ALL),
+             "max_copies_a_classmate": with_body(SOLUTION, "add_noise", COPY_CLASSMATE)}
     for name, text in files.items():
         (subs / name).mkdir(parents=True)
         (subs / name / f"{LAB}.py").write_text(text, encoding="utf-8")
     grader = (course / "graders" / f"{LAB}.py").read_bytes()
+    secret = tmp_path / "hidden-seed.txt"
+    secret.write_text("73735173\n")
     out = tmp_path / "out"
     assert cli.main(["class", *[str(subs / n) for n in files], "--out", str(out), "--labs", LAB, "--jobs", "2",
-                     "--seed", "11", "--hidden-seed", "73735173", "--root", str(course)]) == 0
+                     "--seed", "11", "--hidden-seed-file", str(secret), "--root", str(course)]) == 0
     printed = capsys.readouterr().out
-    assert (course / "graders" / f"{LAB}.py").read_bytes() == grader  # put back
+    assert (course / "graders" / f"{LAB}.py").read_bytes() == grader
+    assert not (tmp_path.parent / "kata_planted.pth").exists()
+    assert not (__import__("pathlib").Path(sysconfig.get_paths()["purelib"]) / "kata_planted.pth").exists()
     learners = {e["learner"]: e for e in json.loads((out / "class.json").read_text())["learners"]}
     full = sum(p for _, p in grader_functions(LAB))
-    assert learners["alice_correct"]["score"] == full, learners["alice_correct"]
-    assert learners["kim_hunts_the_hidden_seed"]["score"] == full, learners["kim_hunts_the_hidden_seed"]
-    for name, what in (("ian_writes_the_grader", "01_forward_noise.py (changed)"),
-                       ("jack_deletes_siblings", "(removed)")):
-        entry = learners[name]
-        assert entry["score"] == 0 and entry["outcome"] == "tampered", entry
-        assert "changed a file the grading relies on" in entry["reason"] and what in entry["reason"], entry
-    assert "grading files were changed while children ran" in printed
+    # nothing reached another submission, the grading or the class: every one is graded as its own code deserves
+    for name in ("alice_correct", "ian_writes_the_grader", "jack_deletes_siblings", "kim_hunts_the_hidden_seed",
+                 "lea_kills_everyone"):
+        assert learners[name]["score"] == full and learners[name]["outcome"] == "graded", learners[name]
+    assert learners["max_copies_a_classmate"]["score"] < full  # the copy was refused: add_noise fails
+    assert "grading files were changed" not in printed and "again, alone" not in printed
 
 
 def test_a_hidden_case_file_with_an_unknown_check_or_an_invalid_case_stops_before_anyone_is_graded(tmp_path,
@@ -449,8 +499,10 @@ def test_the_bundles_hidden_seed_is_in_no_option_and_its_file_is_gone_before_the
     cases = tmp_path / "hidden.json"
     cases.write_text(json.dumps({f"{LAB}::add_noise::{ADD_NOISE_CHECK}": [{"shape": [3, 5, 7], "dtype": "float16", "schedule": "linear"}]}))
     path = tmp_path / "autograder.zip"
+    secret = tmp_path / "hidden-seed.txt"
+    secret.write_text("73735173\n")
     assert cli.main(["gradescope-bundle", "--out", str(path), "--labs", LAB, "--timeout", "120",
-                     "--hidden-seed", "73735173", "--hidden-cases", str(cases)]) == 0
+                     "--hidden-seed-file", str(secret), "--hidden-cases", str(cases)]) == 0
     with zipfile.ZipFile(path) as z:
         assert "73735173" not in z.read("project/autograder.json").decode()
         assert "project/hidden.json" in z.namelist()
@@ -463,6 +515,27 @@ def test_the_bundles_hidden_seed_is_in_no_option_and_its_file_is_gone_before_the
     hidden = [t for t in data["tests"] if t["name"].endswith("(hidden checks)")]
     assert hidden and all(t["status"] == "passed" for t in hidden), data["tests"]
     assert data["score"] == data["max_score"], [t["output"] for t in data["tests"] if t["status"] != "passed"]
+
+
+FORGE_RESULTS = """\
+import json, pathlib
+_root = pathlib.Path(__file__).resolve().parents[3]  # autograder/source/project/katas/NN.py -> autograder/
+for _target in (_root / "results" / "results.json", _root / "source" / "project" / "graders" / "01_forward_noise.py"):
+    try:
+        _target.write_text(json.dumps({"score": 100.0, "output": "forged", "tests": []}))
+    except OSError:
+        pass
+"""
+
+
+def test_a_submission_cannot_write_the_autograders_results_or_graders(tmp_path, bundle):
+    root = autograder_root(tmp_path, bundle, {f"{LAB}.py": at_import(KATA, FORGE_RESULTS)})
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    assert_valid_gradescope(data)
+    assert data["score"] == 0 and "forged" not in json.dumps(data)  # every function TODO, as graded
+    assert "forged" not in (root / "source" / "project" / "graders" / "01_forward_noise.py").read_text()
 
 
 def test_run_autograder_still_writes_a_zero_score_when_its_own_program_fails(tmp_path, bundle):
@@ -487,7 +560,11 @@ def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tm
     assert steps[0]["uses"] == "actions/checkout@v4"
     tests = [s for s in steps if s.get("uses") == "classroom-resources/autograding-command-grader@v1"]
     labs = [p.stem for p in sorted((REPO / "graders").glob("[0-9][0-9]_*.py"))]
-    assert [t["with"]["command"] for t in tests] == [f"python -m pytest katas/{lab}.py" for lab in labs]
+    assert [t["with"]["command"] for t in tests] == [
+        f"python -m pytest --noconftest -p no:cacheprovider -c .github/kata-grading.ini --rootdir . katas/{lab}.py"
+        for lab in labs]
+    check = next(s for s in steps if s.get("name") == "Check the grading files are the instructor's")
+    assert "sha256sum --check --strict" in check["run"] and all(f"graders/{lab}.py" in check["run"] for lab in labs)
     for lab, test in zip(labs, tests):
         assert test["with"]["max-score"] == sum(points for _, points in grader_functions(lab))
         assert test["with"]["test-name"] and 1 <= test["with"]["timeout"] <= 60
@@ -498,6 +575,38 @@ def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tm
     assert reporter["env"] == {f"{i.upper()}_RESULTS": f"${{{{steps.{i}.outputs.result}}}}" for i in ids}
     # written again unchanged: fine; a different file is kept unless --force
     assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 0
+    assert (tmp_path / ".github" / "kata-grading.ini").is_file()
     path.write_text("# mine\n")
     assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 2
     assert cli.main(["classroom", "--out", str(tmp_path / ".github"), "--force"]) == 0
+
+
+def test_the_classroom_command_ignores_the_learners_conftest_and_config_and_the_check_catches_a_changed_grader(
+        tmp_path):
+    import subprocess
+
+    import yaml
+
+    repo = course_copy(tmp_path)
+    assert cli.main(["classroom", "--out", str(repo / ".github"), "--labs", LAB, "--root", str(repo)]) == 0
+    steps = yaml.safe_load((repo / ".github" / "workflows" / "classroom.yml").read_text())["jobs"][
+        "run-autograding-tests"]["steps"]
+    command = next(s for s in steps if s.get("uses", "").startswith("classroom-resources/autograding-command"))["with"]["command"]
+    check = next(s for s in steps if s.get("name") == "Check the grading files are the instructor's")["run"]
+    # what the learner's repository can hold: a conftest.py that passes everything, and pytest settings of its own
+    (repo / "conftest.py").write_text("import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
+                                      "def pytest_sessionfinish(session, exitstatus):\n    session.exitstatus = 0\n"
+                                      "def pytest_collection_modifyitems(items):\n    items.clear()\n")
+    with open(repo / "pyproject.toml", "a") as pyproject:
+        pyproject.write("\n# the learner's edit\n")
+    assert command.startswith("python -m pytest ")
+    done = subprocess.run([sys.executable, *command.split()[1:]], cwd=repo, capture_output=True, text=True,
+                          timeout=600)  # this interpreter for the workflow's `python`
+    assert done.returncode == 1, done.stdout[-2000:]  # every function TODO: the lab's points are not awarded
+    assert "6 todo" in done.stdout
+    checked = subprocess.run(["bash", "-c", check], cwd=repo, capture_output=True, text=True)
+    assert checked.returncode != 0 and "pyproject.toml: FAILED" in checked.stdout
+    with open(repo / "graders" / f"{LAB}.py", "a") as grader:
+        grader.write("\n# the learner's edit\n")
+    checked = subprocess.run(["bash", "-c", check], cwd=repo, capture_output=True, text=True)
+    assert f"graders/{LAB}.py: FAILED" in checked.stdout

@@ -11,6 +11,7 @@ pass runs `-m cuda` for a submission whose selected labs have such items.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -104,13 +105,15 @@ def _exited(proc: subprocess.Popen, timeout: float) -> bool:
 
 def run_child(project: Path, config: Path, marker: str, pytest_args: list[str], timeout: float,
               workdir: Path, children: Children, secret: bytes | None = None,
-              package_parent: Path | None = None) -> ChildRun:
+              package_parent: Path | None = None, box: int | None = None) -> ChildRun:
     """Grade project/katas in a child pytest; the result is only what its report file says. `secret` (the
     hidden seed and cases) reaches the child on an inherited pipe, never on its command line;
-    `package_parent` is where the child imports diffusion_katas from (default: where this process does)."""
+    `package_parent` is where the child imports diffusion_katas from (default: where this process does);
+    `box` is the sandbox box its runners use where grading runs as root (engine/sandbox.py), the project
+    opened to it."""
     try:
         return _run_child(project, config, marker, pytest_args, timeout, workdir, children, secret,
-                          package_parent)
+                          package_parent, box)
     except OSError as exc:  # its folders were removed under it (by another submission's code, say)
         run = ChildRun(marker, outcome="crashed")
         run.reason = f"the grading process could not run: {exc}"
@@ -118,7 +121,8 @@ def run_child(project: Path, config: Path, marker: str, pytest_args: list[str], 
 
 
 def _run_child(project: Path, config: Path, marker: str, pytest_args: list[str], timeout: float,
-               workdir: Path, children: Children, secret: bytes | None, package_parent: Path | None) -> ChildRun:
+               workdir: Path, children: Children, secret: bytes | None, package_parent: Path | None,
+               box: int | None) -> ChildRun:
     from diffusion_katas.commands.instructor.hidden import feed
 
     run = ChildRun(marker)
@@ -134,6 +138,9 @@ def _run_child(project: Path, config: Path, marker: str, pytest_args: list[str],
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     for key in [k for k in env if k.startswith("KATA_HIDDEN")]:
         env.pop(key)  # hidden seeds travel on the pipe only
+    env.pop("KATA_BOX", None)
+    if box is not None:  # the child opens its kata folder to it (engine/sandbox.py, open_to_box)
+        env["KATA_BOX"] = str(box)
     read, writer = feed(secret)
     if read is not None:
         command += ["--kata-secret-fd", str(read)]
@@ -219,13 +226,19 @@ class Grading:
     secret: bytes | None = None  # the hidden seed and cases, for each child's pipe
     package_parent: Path | None = None  # where the children import diffusion_katas from (a guarded copy)
     cuda: bool = True  # whether this machine has CUDA: without it the cuda pass is not run
+    slots: "itertools.count" = field(default_factory=lambda: itertools.count())  # the children's sandbox boxes
+
+    def box(self) -> int:
+        """A box number for the next child (KATA_BOX): distinct from every child running at the same time, here and
+        in another grading process (up to 100 children at once each)."""
+        return (os.getpid() % 100_000) * 100 + next(self.slots) % 100
 
 
 def first_pass(prep: Prepared, grading: Grading) -> ChildRun | None:
     if prep.problem:
         return None
     return run_child(prep.project, prep.config, "not cuda", grading.pytest_args, grading.timeout, grading.workdir,
-                     grading.children, grading.secret, grading.package_parent)
+                     grading.children, grading.secret, grading.package_parent, grading.box())
 
 
 def needs_cuda_pass(prep: Prepared, first: ChildRun | None, grading: Grading) -> bool:
@@ -235,7 +248,7 @@ def needs_cuda_pass(prep: Prepared, first: ChildRun | None, grading: Grading) ->
 
 def cuda_pass(prep: Prepared, grading: Grading) -> ChildRun:
     return run_child(prep.project, prep.config, "cuda", grading.pytest_args, grading.timeout, grading.workdir,
-                     grading.children, grading.secret, grading.package_parent)
+                     grading.children, grading.secret, grading.package_parent, grading.box())
 
 
 def cuda_present() -> bool:

@@ -13,9 +13,11 @@ How a submission is graded (shared by `kata class` and the Gradescope autograder
   have such items (without CUDA they are skipped with "CUDA not available"). A submission's score uses
   both passes; if either wrote no report, it scores 0.
 
-Known limit: the child is a process, not a sandbox. Learner code can read what the child can read
-(including its command line, hence the report's path) and write where it can write: grade untrusted
-submissions inside a container (Gradescope does: one container per submission).
+Learner code never runs in the child itself: each check runs it in a runner process inside the sandbox
+(engine/sandbox.py), which as root is a box user of its own per child (KATA_BOX, its project opened to it
+alone), and anywhere confined by Landlock, seccomp and rlimits: it can read its own project, the package and
+the graders, write nothing the grading reads, and see or signal no other process. The guard below stays as a
+second line for where the sandbox has fewer layers (no Landlock, not root).
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def grade_class(course: Course, catalog: Catalog, args, hidden: Hidden | None = 
     with tempfile.TemporaryDirectory(prefix="kata-class-") as tmp:
         tmp = Path(tmp)
         reports = tmp / "reports"  # the children's reports: uuid names, never inside a submission's project
-        reports.mkdir()
+        reports.mkdir(mode=0o700)  # the reports of every child: no box may list or read them
         # What the children trust, copied where the guard watches it: the instructor's own package and
         # graders are never where learner code could write, and never restored over.
         trusted = tmp / "trusted"
@@ -75,6 +77,7 @@ def grade_class(course: Course, catalog: Catalog, args, hidden: Hidden | None = 
                           secret=hidden.secret() if hidden else None, cuda=cuda_present(),
                           package_parent=trusted / "package")
         preps = []
+        (tmp / "projects").mkdir(mode=0o711)  # entered by each submission's box, listed by none
         for name, folder in zip(names, folders):
             project = tmp / "projects" / name
             project.mkdir(parents=True)
@@ -144,6 +147,19 @@ def grade_all(preps: list[Prepared], grading: Grading, jobs: int, guarded: list[
             firsts[prep.learner] = run
             print(f"  {prep.learner}: again, alone: "
                   + (f"it changed {found[0]}" if found else (run.reason or "report written")), flush=True)
+        # A grading process that died without a report (killed by a signal, the machine out of memory) is no
+        # verdict on the submission: it is graded once more, alone, and that run's result is its result.
+        died = [p for p in preps if p not in suspects and p.learner not in culprits and firsts.get(p.learner)
+                is not None and firsts[p.learner].report is None and firsts[p.learner].outcome == "crashed"]
+        for prep in died:
+            print(f"  {prep.learner}: its grading process ended without a report ({firsts[prep.learner].reason}); "
+                  "grading it again, alone", flush=True)
+            run = first_pass(prep, grading)
+            found = inspect()
+            if found:
+                culprits[prep.learner] = found[0]
+            firsts[prep.learner] = run
+            print(f"  {prep.learner}: again, alone: " + (run.reason or "report written"), flush=True)
         if not grading.cuda and any(set(p.present) & set(grading.catalog.cuda_labs()) for p in preps):
             print("  cuda pass skipped: CUDA is not available here; GPU budgets count as skipped", flush=True)
         for prep in preps:  # one at a time: GPU budgets never share the device

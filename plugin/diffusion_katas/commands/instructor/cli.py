@@ -38,6 +38,35 @@ def _course(args) -> Course:
         raise InstructorError(str(exc)) from None
 
 
+def read_hidden_seed(args) -> str | None:
+    """The instructor's hidden seed from --hidden-seed-file (read, then closed), or asked for with '-'."""
+    if getattr(args, "hidden_seed", None) is not None:
+        raise InstructorError("the hidden seed is never given on the command line (every process on this machine, "
+                              "a submission's included, can read command lines): put it in a file and pass "
+                              "--hidden-seed-file FILE, or --hidden-seed-file - to be asked for it")
+    path = getattr(args, "hidden_seed_file", None)
+    if path is None:
+        return None
+    if path == "-":
+        import getpass
+
+        text = getpass.getpass("hidden seed: ") if sys.stdin.isatty() else sys.stdin.readline()
+    else:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.readline()
+        except OSError as exc:
+            raise InstructorError(f"--hidden-seed-file {path}: {exc.strerror or exc}") from None
+    secret = text.strip()
+    if not secret:
+        raise InstructorError(f"--hidden-seed-file {path}: no secret in it (its first line is empty)")
+    if len(secret) < 16:
+        print(f"kata: note: a hidden seed of {len(secret)} characters can be guessed from the hidden inputs a "
+              "submission receives; a long random one cannot (python -c \"import secrets; "
+              "print(secrets.token_hex(16))\" > hidden-seed.txt)", file=sys.stderr)
+    return secret
+
+
 # ---- the commands ------------------------------------------------------------------------------------------
 def cmd_class(args) -> int:
     course = _course(args)
@@ -47,7 +76,7 @@ def cmd_class(args) -> int:
         raise InstructorError("--timeout must be a positive number of seconds")
     labs = select_labs(course, args.labs)
     catalog = load_catalog(course, labs)
-    hidden = load_hidden(course, catalog, args.hidden_seed, args.hidden_cases)  # checked before anyone is graded
+    hidden = load_hidden(course, catalog, read_hidden_seed(args), args.hidden_cases)  # checked before anyone is graded
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     grade_class(course, catalog, args, hidden)
@@ -58,7 +87,7 @@ def cmd_gradescope_bundle(args) -> int:
     course = _course(args)
     labs = select_labs(course, args.labs)
     catalog = load_catalog(course, labs)
-    hidden = load_hidden(course, catalog, args.hidden_seed, args.hidden_cases)
+    hidden = load_hidden(course, catalog, read_hidden_seed(args), args.hidden_cases)
     out = Path(args.out)
     write_bundle(out, course, catalog, args, hidden)
     print(f"wrote {out}: a Gradescope autograder for {', '.join(labs)} ({number_text(catalog.points())} points); "
@@ -73,7 +102,7 @@ def cmd_classroom(args) -> int:
         raise InstructorError("--timeout-minutes must be between 1 and 60 (the command grader's limit)")
     catalog = load_catalog(course, labs)
     path = Path(args.out) / "workflows" / "classroom.yml"
-    write_workflow(path, catalog, args.python, args.timeout_minutes, args.force)
+    write_workflow(path, catalog, args.python, args.timeout_minutes, args.force, course)
     print(f"wrote {path}: {len(labs)} test(s), {number_text(catalog.points())} points in all")
     return 0
 
@@ -97,8 +126,11 @@ def _labs_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _hidden_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hidden-seed", type=int, metavar="N",
-                        help="also run the hidden checks with this instructor seed (--kata-hidden-seed)")
+    parser.add_argument("--hidden-seed-file", metavar="FILE",
+                        help="also run the hidden checks, drawn from the secret in FILE (its first line: any text, "
+                             "best a long random one); '-' asks for it. Never on the command line, which every "
+                             "process of the machine can read")
+    parser.add_argument("--hidden-seed", metavar="N", help=argparse.SUPPRESS)  # refused: see read_hidden_seed
     parser.add_argument("--hidden-cases", metavar="FILE",
                         help='JSON file of extra hidden cases {"lab::function::check": [case, ...]}')
     parser.add_argument("--hidden-output", choices=("name-only", "full"),

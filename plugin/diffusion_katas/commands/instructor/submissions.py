@@ -117,13 +117,19 @@ def scratch_config(course: Course, path: Path, labs: list[str], graders: Path | 
     """A pytest.ini with the repository's pytest settings, reading katas from the scratch copy and the
     graders from `graders` (default: the repository's)."""
     options = dict(read_pyproject(course.root).get("tool", {}).get("pytest", {}).get("ini_options", {}))
-    graders, solutions = graders or course.graders, course.solutions
+    graders = graders or course.graders
     for key in ("testpaths", "pytest_plugins", "kata_dir", "kata_solutions_dir", "kata_graders_dir", "kata_labs"):
         options.pop(key, None)
-    options.update(testpaths=["katas"], kata_dir="katas", kata_solutions_dir=str(solutions.resolve()),
+    # no solutions here: a class grades submissions, and the instructor's answers are named nowhere it runs
+    options.update(testpaths=["katas"], kata_dir="katas", kata_solutions_dir="no-solutions-here",
                    kata_graders_dir=str(graders.resolve()), kata_labs=list(labs))
-    lines = ["# Written by `kata class`: the repository's pytest settings, for a scratch copy of one submission.",
-             "[pytest]"]
+    path.write_text(ini_text(options, "# Written by `kata class`: the repository's pytest settings, for a scratch "
+                                      "copy of one submission."), encoding="utf-8")
+
+
+def ini_text(options: dict, header: str) -> str:
+    """A pytest.ini of `options` (pytest's ini_options, as pyproject.toml holds them) under a comment line."""
+    lines = [header, "[pytest]"]
     for key, value in options.items():
         if isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")
@@ -131,4 +137,4 @@ def scratch_config(course: Course, path: Path, labs: list[str], graders: Path | 
             lines.append(f"{key} =" + "".join(f"\n    {item}" for item in value))
         else:
             lines.append(f"{key} = {value}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
