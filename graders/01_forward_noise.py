@@ -20,7 +20,7 @@ from diffusers.schedulers.scheduling_ddpm import (
 
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import SCHEDULE
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS
+from diffusion_katas.engine.helpers import DTYPES, SCHEDULERS, SD_BETAS
 
 # Schedules worth grading on: Stable Diffusion's, the DDPM paper's, and a short one.
 SCHEDULES = [
@@ -32,6 +32,12 @@ SCHEDULER_CLASSES = (
     "diffusers.schedulers.scheduling_ddpm.DDPMScheduler",
     "diffusers.schedulers.scheduling_ddim.DDIMScheduler",
 )
+# Every scheduler computes the schedule in its constructor (betas, ᾱ): building any of them is a route to it.
+EVERY_CONSTRUCTOR = f"{SCHEDULERS}:*Scheduler*.__init__"
+# add_noise and get_velocity are each other's route (get_velocity(sample=−ε, noise=x₀) = add_noise(x₀, ε)), and
+# every scheduler's own (a flow's scale_noise, Karras VE's add_noise_to_input)
+NOISING = tuple(f"{SCHEDULERS}:*Scheduler*.{name}" for name in ("add_noise", "get_velocity", "scale_noise",
+                                                                 "add_noise_to_input"))
 
 
 def scheduler(schedule: str = "scaled_linear", **kw) -> DDPMScheduler:
@@ -46,7 +52,7 @@ scaled_linear_betas = Kata(
         "β_t = (√β_start + t·(√β_end − √β_start)/(T − 1))² for t = 0 … T−1.",
         "torch.linspace(beta_start ** 0.5, beta_end ** 0.5, T, dtype=torch.float32) ** 2",
     ),
-    answer_key=tuple(f"{c}.__init__" for c in SCHEDULER_CLASSES),
+    answer_key=(*(f"{c}.__init__" for c in SCHEDULER_CLASSES), EVERY_CONSTRUCTOR),
 )
 
 
@@ -80,7 +86,7 @@ cosine_betas = Kata(
     ),
     answer_key=("diffusers.schedulers.scheduling_ddpm.betas_for_alpha_bar",
                 "diffusers.schedulers.scheduling_ddim.betas_for_alpha_bar",
-                *(f"{c}.__init__" for c in SCHEDULER_CLASSES)),
+                *(f"{c}.__init__" for c in SCHEDULER_CLASSES), EVERY_CONSTRUCTOR, f"{SCHEDULERS}:betas_for_alpha_bar"),
 )
 
 
@@ -127,7 +133,8 @@ alphas_cumprod = Kata(
         "α_t = 1 − β_t and ᾱ_t = α_0 · α_1 · … · α_t.",
         "torch.cumprod(1.0 - betas, dim=0)",
     ),
-    no_answer_key="DDPMScheduler.__init__ computes it inline (torch.cumprod): there is no diffusers callable to lock",
+    # DDPMScheduler.__init__ computes it inline (torch.cumprod), as every scheduler's constructor does
+    answer_key=(*(f"{c}.__init__" for c in SCHEDULER_CLASSES), EVERY_CONSTRUCTOR),
 )
 
 
@@ -199,7 +206,7 @@ add_noise = Kata(
         "a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1)); "
         "return a ** 0.5 * x0 + (1 - a) ** 0.5 * noise",
     ),
-    answer_key=tuple(f"{c}.add_noise" for c in SCHEDULER_CLASSES),
+    answer_key=(*(f"{c}.add_noise" for c in SCHEDULER_CLASSES), *NOISING),
 )
 
 
@@ -257,7 +264,7 @@ velocity = Kata(
         "a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1)); "
         "return a ** 0.5 * noise - (1 - a) ** 0.5 * x0",
     ),
-    answer_key=tuple(f"{c}.get_velocity" for c in SCHEDULER_CLASSES),
+    answer_key=(*(f"{c}.get_velocity" for c in SCHEDULER_CLASSES), *NOISING),
 )
 
 
@@ -300,7 +307,8 @@ rescale_zero_terminal_snr = Kata(
         "s = (s - sT) * (s0 / (s0 - sT)); a = s ** 2; return 1 - torch.cat([a[:1], a[1:] / a[:-1]])",
     ),
     answer_key=("diffusers.schedulers.scheduling_ddpm.rescale_zero_terminal_snr",
-                "diffusers.schedulers.scheduling_ddim.rescale_zero_terminal_snr"),
+                "diffusers.schedulers.scheduling_ddim.rescale_zero_terminal_snr", f"{SCHEDULERS}:rescale_zero_terminal_snr",
+                EVERY_CONSTRUCTOR),  # a scheduler built with rescale_betas_zero_snr=True rescales its betas
 )
 
 

@@ -26,7 +26,7 @@ from diffusion_katas.engine.comparison import matches
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import HALF_STEP, STEP_MATH, Tol, for_dtype
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, float64_twin, sd_schedule, seed_from
+from diffusion_katas.engine.helpers import DTYPES, SCHEDULERS, SD_BETAS, float64_twin, sd_schedule, seed_from
 
 SCHEDULES = {
     "sd": SD_BETAS,  # Stable Diffusion
@@ -137,6 +137,15 @@ def step_verify(kata: Kata, inputs: dict, expected: torch.Tensor, tol: Tol, std:
     return verify
 
 
+# Every route to a step: any scheduler's own step (the "Parallel" and "Ancestral" siblings, DDIMInverse...), the
+# batched step of the parallel ones, the variance helpers, and x̂_0 as the multistep solvers convert it.
+STEP_FAMILY = (f"{SCHEDULERS}:*Scheduler*.step", f"{SCHEDULERS}:*Scheduler*.batch_step_no_noise",
+               f"{SCHEDULERS}:*Scheduler*._get_variance", f"{SCHEDULERS}:*Scheduler*._batch_get_variance",
+               f"{SCHEDULERS}:*Scheduler*.convert_model_output",
+               # and the pipelines that predict x̂_0 or ε themselves (Self-Attention Guidance's pred_x0, pred_epsilon)
+               "diffusers.pipelines.**:*.pred_x0", "diffusers.pipelines.**:*.pred_epsilon")
+
+
 # ---- predict_x0 ------------------------------------------------------------------------------------------
 predict_x0 = Kata(
     "predict_x0",
@@ -148,7 +157,7 @@ predict_x0 = Kata(
         "v_prediction: return alpha_prod_t ** 0.5 * sample - b ** 0.5 * model_output; sample: return model_output",
     ),
     answer_key=("diffusers.schedulers.scheduling_ddim.DDIMScheduler.step",
-                "diffusers.schedulers.scheduling_ddpm.DDPMScheduler.step"),
+                "diffusers.schedulers.scheduling_ddpm.DDPMScheduler.step", *STEP_FAMILY),
 )
 
 X0_CASES = [
@@ -243,7 +252,8 @@ dynamic_threshold = Kata(
         "return (torch.clamp(flat, -s, s) / s).reshape(x.shape).to(x.dtype)",
     ),
     answer_key=("diffusers.schedulers.scheduling_ddpm.DDPMScheduler._threshold_sample",
-                "diffusers.schedulers.scheduling_ddim.DDIMScheduler._threshold_sample"),
+                "diffusers.schedulers.scheduling_ddim.DDIMScheduler._threshold_sample",
+                f"{SCHEDULERS}:*Scheduler*._threshold_sample", *STEP_FAMILY),
 )
 
 # Each sample gets its own spread (`scales`): a quiet one whose quantile is below 1 (the floor at 1
@@ -333,7 +343,7 @@ ddim_step = Kata(
         "torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)",
     ),
     answer_key=("diffusers.schedulers.scheduling_ddim.DDIMScheduler.step",
-                "diffusers.schedulers.scheduling_ddim.DDIMScheduler._get_variance"),
+                "diffusers.schedulers.scheduling_ddim.DDIMScheduler._get_variance", *STEP_FAMILY),
 )
 
 DDIM_CASES = [
@@ -536,7 +546,7 @@ ddpm_step = Kata(
         "generator=generator, dtype=model_output.dtype)",
     ),
     answer_key=("diffusers.schedulers.scheduling_ddpm.DDPMScheduler.step",
-                "diffusers.schedulers.scheduling_ddpm.DDPMScheduler._get_variance"),
+                "diffusers.schedulers.scheduling_ddpm.DDPMScheduler._get_variance", *STEP_FAMILY),
 )
 
 DDPM_CASES = [

@@ -21,9 +21,11 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import SCHEDULE, SIGMA, STEP_MATH, TIMESTEP_INDEX
-from diffusion_katas.engine.helpers import DTYPES, quiet_diffusers, sd_schedule
+from diffusion_katas.engine.helpers import DTYPES, SCHEDULERS, quiet_diffusers, sd_schedule
 
 EULER = "diffusers.schedulers.scheduling_euler_discrete.EulerDiscreteScheduler"
+# Every scheduler's own reading of the same thing is a route to it (another spacing's class, an ancestral sibling).
+EVERY = f"{SCHEDULERS}:*Scheduler*"
 # Stable Diffusion's training schedule, and two short coarse ones on which interpolating σ and
 # interpolating ᾱ give visibly different answers between grid points.
 SCHEDULES = {
@@ -61,7 +63,7 @@ inference_timesteps = Kata(
     ),
     answer_key=("diffusers.schedulers.scheduling_ddim.DDIMScheduler.set_timesteps",
                 "diffusers.schedulers.scheduling_ddpm.DDPMScheduler.set_timesteps",
-                f"{EULER}.set_timesteps"),
+                f"{EULER}.set_timesteps", f"{EVERY}.set_timesteps"),
 )
 
 # (n, T, spacing, offset): n = 7 does not divide 1000 (leading ≠ trailing, linspace hits 832.5 and
@@ -191,7 +193,7 @@ euler_timesteps = Kata(
         "if linspace: torch.linspace(0, T - 1, n, dtype=torch.float64).flip(0).float(); "
         "else: inference_timesteps(...).float()",
     ),
-    answer_key=(f"{EULER}.set_timesteps",),
+    answer_key=(f"{EULER}.set_timesteps", f"{EVERY}.set_timesteps"),
 )
 
 
@@ -250,7 +252,7 @@ euler_sigmas = Kata(
         "float(table[0].log()), n + 1).exp().double()); last = table[:1] if final_sigmas_type == 'sigma_min' "
         "else s.new_zeros(1); return torch.cat([s, last]).float()",
     ),
-    answer_key=(f"{EULER}.set_timesteps",),
+    answer_key=(f"{EULER}.set_timesteps", f"{EVERY}.set_timesteps"),
 )
 
 SIGMA_CASES = [
@@ -414,7 +416,7 @@ init_noise_sigma = Kata(
     ),
     # init_noise_sigma is a property, which the answer-key lock cannot guard yet; locking the
     # constructor stops the same shortcut (build a scheduler, read its attribute) with a clear message.
-    answer_key=(f"{EULER}.__init__",),
+    answer_key=(f"{EULER}.__init__", f"{EVERY}.__init__", f"{EVERY}.init_noise_sigma"),
 )
 
 
@@ -460,7 +462,9 @@ euler_scale_model_input = Kata(
         "model_input = x / √(σ² + 1).",
         "return sample / ((sigma**2 + 1) ** 0.5)",
     ),
-    answer_key=(f"{EULER}.scale_model_input",),
+    answer_key=(f"{EULER}.scale_model_input", f"{EVERY}.scale_model_input",
+                # EDM's c_in with σ_data = 1 is this scaling
+                f"{EVERY}.precondition_inputs", f"{EVERY}._get_conditioning_c_in"),
 )
 
 
@@ -516,7 +520,7 @@ euler_step = Kata(
         "x = sample.float(); x0 = x - sigma * model_output (or model_output * (-sigma / (sigma**2 + 1) ** 0.5) "
         "+ x / (sigma**2 + 1)); return (x + (x - x0) / sigma * (sigma_next - sigma)).to(model_output.dtype)",
     ),
-    answer_key=(f"{EULER}.step",),
+    answer_key=(f"{EULER}.step", f"{EVERY}.step"),
 )
 
 STEP_CASES = {

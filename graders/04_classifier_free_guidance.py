@@ -24,7 +24,7 @@ from diffusers.utils import logging as diffusers_logging
 from diffusion_katas.engine import tiny
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import MODEL_FORWARD, STEP_MATH
-from diffusion_katas.engine.helpers import (DTYPES, SD_BETAS, DenoiserProbe, PipelineRecorder, quiet_diffusers,
+from diffusion_katas.engine.helpers import (DTYPES, EVERY_PIPELINE_CALL, PIPELINES, SD_BETAS, DenoiserProbe, PipelineRecorder, quiet_diffusers,
                                             seed_from)
 
 # Captured at import, before any answer-key lock can replace the module attribute.
@@ -44,10 +44,15 @@ RESCALE_KEYS = (
     "diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl.rescale_noise_cfg",
     "diffusers.guiders.guider_utils.rescale_noise_cfg",
     "diffusers.guiders.classifier_free_guidance.rescale_noise_cfg",
+    # every pipeline's and guider's copy, however it is written
+    f"{PIPELINES}:rescale_noise_cfg", "diffusers.guiders.**:rescale_noise_cfg",
 )
 PIPELINE_KEYS = (
     "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",
     "diffusers.guiders.classifier_free_guidance.ClassifierFreeGuidance.forward",
+    # every pipeline's own combine (inline in __call__) and every guider's (a guider's forward combines the branches)
+    EVERY_PIPELINE_CALL, "diffusers.guiders.**:*Guidance*.forward", "diffusers.guiders.**:*Guidance*.__call__",
+    f"{PIPELINES}:*._apply_perturbed_attention_guidance",
 )
 
 

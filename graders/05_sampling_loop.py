@@ -37,13 +37,14 @@ from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, seed_from
+from diffusion_katas.engine.helpers import DTYPES, EVERY_PIPELINE_CALL, IMAGE_POSTPROCESSING, PipelineRecorder, seed_from
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
 PIPELINES = {"ddpm": (DDPMPipeline, DDPMScheduler), "ddim": (DDIMPipeline, DDIMScheduler)}
 PIPELINE_CALLS = ("diffusers.pipelines.ddpm.pipeline_ddpm.DDPMPipeline.__call__",
-                  "diffusers.pipelines.ddim.pipeline_ddim.DDIMPipeline.__call__")
+                  "diffusers.pipelines.ddim.pipeline_ddim.DDIMPipeline.__call__",
+                  EVERY_PIPELINE_CALL)  # any pipeline's loop is a route to this one
 
 
 def _unet(case: dict):
@@ -216,7 +217,7 @@ to_image = Kata(
         "return (sample / 2 + 0.5).clamp(0, 1)",
     ),
     answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess",
-                "diffusers.image_processor.VaeImageProcessor.denormalize", *PIPELINE_CALLS),
+                "diffusers.image_processor.VaeImageProcessor.denormalize", *IMAGE_POSTPROCESSING, *PIPELINE_CALLS),
 )
 
 
@@ -276,7 +277,7 @@ generate = Kata(
         "noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, generator, "
         "unet.dtype); return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))",
     ),
-    answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess", *PIPELINE_CALLS),
+    answer_key=("diffusers.image_processor.VaeImageProcessor.postprocess", *IMAGE_POSTPROCESSING, *PIPELINE_CALLS),
     # the schedulers' own step draws its noise with randn_tensor: only the learner's direct call is refused
     answer_key_direct=("diffusers.utils.torch_utils.randn_tensor",),
 )

@@ -33,7 +33,8 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
 from diffusion_katas.engine.comparison import describe, mismatch
-from diffusion_katas.engine.helpers import DTYPES, PipelineRecorder, fresh_rng_state, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import (DTYPES, EVERY_PIPELINE_CALL, IMAGE_POSTPROCESSING, PIPELINES,
+                                           PipelineRecorder, fresh_rng_state, quiet_diffusers, seed_from)
 from diffusion_katas.engine.isolation import fresh
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT, STEP_MATH, VAE_FORWARD, VAE_HALF, Tol
@@ -65,7 +66,10 @@ vae_scale_factor = Kata(
         "f = 2^(n − 1) for n = len(block_out_channels): 4 blocks (Stable Diffusion) give 8.",
         "return 2 ** (len(block_out_channels) - 1)",
     ),
-    no_answer_key="the pipelines compute it inline in __init__ from vae.config.block_out_channels: nothing to lock",
+    # the pipelines compute it inline in __init__ from vae.config.block_out_channels: building one is a route, as
+    # the modular pipelines' vae_scale_factor property is
+    answer_key=(f"{PIPELINES}:*Pipeline*.__init__", f"{PIPELINES}:*.vae_scale_factor",
+                "diffusers.modular_pipelines.**:*.vae_scale_factor"),
 )
 
 
@@ -153,7 +157,9 @@ encode_latents = Kata(
     answer_key=(f"{PIPELINE_PATH}.pipeline_stable_diffusion_inpaint.StableDiffusionInpaintPipeline._encode_vae_image",
                 f"{PIPELINE_PATH}.pipeline_stable_diffusion_inpaint.retrieve_latents",
                 f"{PIPELINE_PATH}.pipeline_stable_diffusion_img2img.retrieve_latents",
-                f"{PIPELINE_PATH}.pipeline_stable_diffusion_img2img.StableDiffusionImg2ImgPipeline.prepare_latents"),
+                f"{PIPELINE_PATH}.pipeline_stable_diffusion_img2img.StableDiffusionImg2ImgPipeline.prepare_latents",
+                f"{PIPELINES}:retrieve_latents", f"{PIPELINES}:*Pipeline*._encode_vae_image",
+                f"{PIPELINES}:*Pipeline*.prepare_latents"),  # every pipeline that encodes an image
 )
 
 
@@ -226,7 +232,8 @@ decode_latents = Kata(
         "x̂ = D(z / s) with s = vae.config.scaling_factor; decode() returns an object whose .sample is x̂.",
         "return vae.decode(latents / vae.config.scaling_factor).sample",
     ),
-    answer_key=(f"{PIPELINE_PATH}.pipeline_stable_diffusion.StableDiffusionPipeline.decode_latents",),
+    answer_key=(f"{PIPELINE_PATH}.pipeline_stable_diffusion.StableDiffusionPipeline.decode_latents",
+                f"{PIPELINES}:*Pipeline*.decode_latents", EVERY_PIPELINE_CALL),
 )
 
 
@@ -325,7 +332,8 @@ postprocess = Kata(
         "x = (images * 0.5 + 0.5).clamp(0, 1); return x if output_type == 'pt' else "
         "x.cpu().permute(0, 2, 3, 1).float().numpy()",
     ),
-    answer_key=(f"{PROCESSOR_PATH}.postprocess", f"{PROCESSOR_PATH}.denormalize", f"{PROCESSOR_PATH}.pt_to_numpy"),
+    answer_key=(f"{PROCESSOR_PATH}.postprocess", f"{PROCESSOR_PATH}.denormalize", f"{PROCESSOR_PATH}.pt_to_numpy",
+                *IMAGE_POSTPROCESSING),
 )
 
 
@@ -387,7 +395,7 @@ to_uint8 = Kata(
         "return (x * 255).round().astype('uint8')",
     ),
     answer_key=(f"{PROCESSOR_PATH}.postprocess", f"{PROCESSOR_PATH}.numpy_to_pil",
-                f"{PROCESSOR_PATH}.pt_to_numpy", f"{PROCESSOR_PATH}.denormalize"),
+                f"{PROCESSOR_PATH}.pt_to_numpy", f"{PROCESSOR_PATH}.denormalize", *IMAGE_POSTPROCESSING),
 )
 
 

@@ -23,7 +23,7 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, SD_BETAS, fresh_rng_state, quiet_diffusers, seed_from
+from diffusion_katas.engine.helpers import DTYPES, PIPELINES, SD_BETAS, fresh_rng_state, quiet_diffusers, seed_from
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
@@ -85,7 +85,8 @@ input_error = Kata(
         "if height % 8 or width % 8: return '…'; "
         "if isinstance(generator, list) and len(generator) != batch_size: return '…'; return None",
     ),
-    answer_key=(f"{PIPELINE}.check_inputs", f"{PIPELINE}.prepare_latents"),
+    answer_key=(f"{PIPELINE}.check_inputs", f"{PIPELINE}.prepare_latents", f"{PIPELINES}:*Pipeline*.check_inputs",
+                f"{PIPELINES}:*Pipeline*.prepare_latents"),  # every pipeline checks and prepares alike
 )
 
 
@@ -165,7 +166,8 @@ repeat_per_prompt = Kata(
         "B, L, _ = prompt_embeds.shape; "
         "return prompt_embeds.repeat(1, n, 1).view(B * n, L, -1)",
     ),
-    answer_key=(f"{PIPELINE}.encode_prompt", f"{PIPELINE}._encode_prompt"),
+    answer_key=(f"{PIPELINE}.encode_prompt", f"{PIPELINE}._encode_prompt", f"{PIPELINES}:*Pipeline*.encode_prompt",
+                f"{PIPELINES}:*Pipeline*._encode_prompt"),
 )
 
 
@@ -212,7 +214,8 @@ prepare_latents = Kata(
         "noise = latents if latents is not None else torch.randn(shape, generator=generator, dtype=dtype); "
         "return noise * init_noise_sigma",
     ),
-    answer_key=(f"{PIPELINE}.prepare_latents", "diffusers.utils.torch_utils.randn_tensor"),
+    answer_key=(f"{PIPELINE}.prepare_latents", "diffusers.utils.torch_utils.randn_tensor",
+                f"{PIPELINES}:*Pipeline*.prepare_latents"),
 )
 
 

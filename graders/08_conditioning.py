@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from diffusers.models.embeddings import PatchEmbed, Timesteps, get_timestep_embedding
 from diffusers.models.normalization import AdaLayerNormZero
 
-from diffusion_katas.engine.helpers import DTYPES
+from diffusion_katas.engine.helpers import DTYPES, MODELS, PIPELINES
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EMBED_ANGLE, EXACT, NORM_HALF, NORM_MATH
 
@@ -68,7 +68,10 @@ timestep_embedding = Kata(
         "a.cos()], -1); flip: torch.cat([emb[:, half:], emb[:, :half]], -1); odd: F.pad(emb, (0, 1))",
     ),
     answer_key=("diffusers.models.embeddings.get_timestep_embedding",
-                "diffusers.models.embeddings.Timesteps.forward"),
+                "diffusers.models.embeddings.Timesteps.forward",
+                # every model's own copy of the sinusoid (Qwen's, Z-Image's, the Bria and SkyReels Timesteps...)
+                f"{MODELS}:*timestep_embedding*", f"{MODELS}:*.*timestep_embedding*", f"{MODELS}:*Timesteps.forward",
+                f"{MODELS}:*Timestep*Embed*.forward", f"{MODELS}:*Timestep*Embedder*.forward"),
 )
 
 
@@ -225,7 +228,9 @@ patchify = Kata(
         "token n = row·(W/p) + col.",
         "latents.reshape(B, C, h, p, w, p).permute(0, 2, 4, 1, 3, 5).reshape(B, h * w, C * p * p)",
     ),
-    answer_key=("diffusers.models.embeddings.PatchEmbed.forward",),
+    answer_key=("diffusers.models.embeddings.PatchEmbed.forward",
+                f"{MODELS}:*PatchEmbed*.forward", f"{MODELS}:*Patch*Embed*.forward",  # every model's patch embedding
+                f"{PIPELINES}:*._pack_latents", f"{MODELS}:*.*patchify*", f"{MODELS}:*patchify*"),  # and packing
 )
 
 
@@ -341,7 +346,10 @@ unpatchify = Kata(
     ),
     answer_key=("diffusers.models.transformers.dit_transformer_2d.DiTTransformer2DModel.forward",
                 "diffusers.models.transformers.transformer_sd3.SD3Transformer2DModel.forward",
-                "diffusers.models.transformers.transformer_2d.Transformer2DModel._get_output_for_patched_inputs"),
+                "diffusers.models.transformers.transformer_2d.Transformer2DModel._get_output_for_patched_inputs",
+                # every transformer's own output path (each folds its tokens back into a latent)
+                f"{MODELS}:*Transformer*.forward", f"{MODELS}:*Transformer*._get_output_for_patched_inputs",
+                f"{MODELS}:*unpatchify*", f"{MODELS}:*.*unpatchify*", f"{PIPELINES}:*._unpack_latents"),
 )
 
 
@@ -445,7 +453,8 @@ ada_layer_norm_zero = Kata(
         "p = F.linear(F.silu(emb), linear_weight, linear_bias); s, c, gm, s2, c2, g2 = p.chunk(6, dim=1); "
         "h = F.layer_norm(x, (x.shape[-1],), eps=1e-6); return modulate(h, s, c), gm, s2, c2, g2",
     ),
-    answer_key=("diffusers.models.normalization.AdaLayerNormZero.forward",),
+    answer_key=("diffusers.models.normalization.AdaLayerNormZero.forward",
+                f"{MODELS}:*AdaLayerNorm*.forward", f"{MODELS}:*AdaLN*.forward"),  # every model's adaLN
 )
 
 

@@ -25,6 +25,15 @@ from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import MERGE, MODEL_FORWARD, SCALING, for_dtype
 
 
+# Every library route to the answers (engine/isolation.py families): any peft tuner layer's own scaling, delta,
+# merge and forward (LoRA's Linear, Conv, Embedding and the quantized ones, LyCORIS' LoHa/LoKr), and diffusers'
+# legacy LoRA layers (LoRACompatibleLinear/Conv, LoRALinearLayer).
+PEFT_SCALING = ("peft.tuners.**:*.set_scale", "peft.tuners.**:*.scale_layer", "peft.tuners.**:*.unscale_layer",
+                "peft.tuners.**:*.update_layer")
+LEGACY_LORA = ("diffusers.models.lora:*._fuse_lora", "diffusers.models.lora:*._unfuse_lora",
+               "diffusers.models.lora:*.forward")
+
+
 # ---- lora_scaling -----------------------------------------------------------------------------------
 lora_scaling = Kata(
     "lora_scaling",
@@ -35,7 +44,8 @@ lora_scaling = Kata(
         "base = alpha / math.sqrt(rank) if use_rslora else alpha / rank; "
         "return base * adapter_weight * lora_scale",
     ),
-    answer_key=("peft.tuners.lora.layer.LoraLayer.set_scale", "peft.tuners.lora.layer.LoraLayer.scale_layer"),
+    answer_key=("peft.tuners.lora.layer.LoraLayer.set_scale", "peft.tuners.lora.layer.LoraLayer.scale_layer",
+                *PEFT_SCALING),
 )
 
 ATTENTION = ("to_q", "to_k", "to_v", "to_out.0")
@@ -124,7 +134,8 @@ def _(alpha, rank, use_rslora=False, adapter_weight=1.0, lora_scale=1.0):
 
 # ---- lora_delta -------------------------------------------------------------------------------------
 LAYER_CLASSES = ("peft.tuners.lora.layer.Linear", "peft.tuners.lora.layer._ConvNd")
-DELTA_KEYS = tuple(f"{c}.get_delta_weight" for c in LAYER_CLASSES)
+DELTA_KEYS = (*(f"{c}.get_delta_weight" for c in LAYER_CLASSES), "peft.tuners.**:*.get_delta_weight",
+              "peft.tuners.**:*._get_delta_activations", *LEGACY_LORA)
 
 lora_delta = Kata(
     "lora_delta",
@@ -238,7 +249,8 @@ merge_lora = Kata(
         "return weight + lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(weight.dtype)",
     ),
     answer_key=("diffusers.loaders.peft.PeftAdapterMixin.fuse_lora",
-                *(f"{c}.merge" for c in LAYER_CLASSES), *DELTA_KEYS),
+                *(f"{c}.merge" for c in LAYER_CLASSES), *DELTA_KEYS, "peft.tuners.**:*.merge",
+                "diffusers.loaders.**:*.fuse_lora"),
 )
 
 MERGE_CASES = [
@@ -355,7 +367,8 @@ unmerge_lora = Kata(
         "return merged_weight - lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(merged_weight.dtype)",
     ),
     answer_key=("diffusers.loaders.peft.PeftAdapterMixin.unfuse_lora",
-                *(f"{c}.unmerge" for c in LAYER_CLASSES), *DELTA_KEYS),
+                *(f"{c}.unmerge" for c in LAYER_CLASSES), *DELTA_KEYS, "peft.tuners.**:*.unmerge",
+                "diffusers.loaders.**:*.unfuse_lora"),
 )
 
 UNMERGE_CASES = [
@@ -423,7 +436,8 @@ lora_forward = Kata(
         "y = x Wᵀ + b + s · (x Aᵀ) Bᵀ;  the bias may be None.",
         "return F.linear(x, weight, bias) + F.linear(F.linear(x, lora_A), lora_B) * scaling",
     ),
-    answer_key=("peft.tuners.lora.layer.Linear.forward",),
+    answer_key=("peft.tuners.lora.layer.Linear.forward", "peft.tuners.**:*.forward",
+                "peft.tuners.**:*._mixed_batch_forward", *LEGACY_LORA),
 )
 
 FORWARD_CASES = [

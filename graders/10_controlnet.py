@@ -20,7 +20,7 @@ from diffusers.models.controlnets.controlnet import ControlNetModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, float64_twin, quiet_diffusers, sd_schedule
+from diffusion_katas.engine.helpers import DTYPES, EVERY_PIPELINE_CALL, float64_twin, quiet_diffusers, sd_schedule
 from diffusion_katas.core.spec import Kata, Scenario
 from diffusion_katas.core.tolerances import EXACT, HALF, MODEL_FORWARD, SCHEDULE, STEP_MATH
 
@@ -144,7 +144,12 @@ zero_conv = Kata(
         'torch.einsum("oc,bchw->bohw", weight[:, :, 0, 0], features) + bias[None, :, None, None]',
     ),
     # The reference is an nn.Conv2d: writing the conv as a product over channels is the exercise.
-    answer_key=("torch.nn.functional.conv2d", "torch.conv2d", "torch.nn.Conv2d.forward"),
+    # every convolution: each torch entry point (conv1d/2d/3d, transposed, torch.convolution, nn.Conv*), and at the
+    # kernel (aten's convolution ops, however they were reached: torch.ops.aten, another dimension)
+    answer_key=("torch.nn.functional.conv2d", "torch.conv2d", "torch.nn.Conv2d.forward", "torch.nn.functional:conv*",
+                "torch:conv*", "torch:*convolution*", "torch.nn.modules.conv:*.forward",
+                "torch.nn.modules.conv:*._conv_forward"),
+    forbidden_ops=("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_tbc"),
 )
 
 
@@ -211,7 +216,8 @@ scale_control_residuals = Kata(
         "s = torch.logspace(-1, 0, len(down_residuals) + 1) * conditioning_scale; "
         "return [d * k for d, k in zip(down_residuals, s)], mid_residual * s[-1]",
     ),
-    answer_key=("diffusers.models.controlnets.controlnet.ControlNetModel.forward",),
+    answer_key=("diffusers.models.controlnets.controlnet.ControlNetModel.forward",
+                "diffusers.models.controlnets.**:*.forward"),  # every ControlNet's (Sparse, Union, Multi, XS...)
 )
 
 
@@ -328,7 +334,10 @@ add_control_residuals = Kata(
         "skips'[i] = skips[i] + down_residuals[i] (same order);  h = mid_block(mid_input) + mid_residual.",
         "return tuple(s + r for s, r in zip(skip_samples, down_residuals)), mid_block(mid_input) + mid_residual",
     ),
-    answer_key=("diffusers.models.unets.unet_2d_condition.UNet2DConditionModel.forward",),
+    answer_key=("diffusers.models.unets.unet_2d_condition.UNet2DConditionModel.forward",
+                # every UNet model's own (not its blocks: the mid block is the kata's to call)
+                "diffusers.models.unets.**:*UNet*Model.forward", "diffusers.models.unets.**:*UNet.forward",
+                "diffusers.models.controlnets.**:*.forward"),
 )
 
 
@@ -480,7 +489,7 @@ controlnet_cfg_step = Kata(
         "noise = unet(x2, timestep, encoder_hidden_states=text, down_block_additional_residuals=down, "
         "mid_block_additional_residual=mid).sample",
     ),
-    answer_key=(f"{PIPELINE}.__call__",),
+    answer_key=(f"{PIPELINE}.__call__", EVERY_PIPELINE_CALL),
 )
 
 

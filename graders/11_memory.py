@@ -17,8 +17,12 @@ from diffusion_katas.engine.meters import cuda_peak_bytes, cuda_time_ms, flops, 
 from diffusion_katas.core.spec import Kata, Measurement, Scenario
 from diffusion_katas.core.tolerances import MODEL_FORWARD, STEP_MATH, TILE_BLEND
 
-VAE_KEYS = tuple(f"diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL.{m}"
-                 for m in ("tiled_decode", "decode", "_decode", "forward", "blend_v", "blend_h"))
+VAE_KEYS = (*(f"diffusers.models.autoencoders.autoencoder_kl.AutoencoderKL.{m}"
+               for m in ("tiled_decode", "decode", "_decode", "forward", "blend_v", "blend_h")),
+            # every autoencoder's own decode, tiling and seams (HunyuanImage's, KVAE's, DC's...)
+            *(f"diffusers.models.autoencoders.**:*.{m}" for m in ("tiled_decode", "_tiled_decode", "decode", "_decode",
+                                                               "blend_v", "blend_h", "blend_t")),
+            "diffusers.models.autoencoders.**:Autoencoder*.forward", "diffusers.models.autoencoders.**:*VAE*.forward")
 
 
 @functools.cache
@@ -414,7 +418,10 @@ chunked_attention = Kata(
         "out = query.new_empty(...); for a in range(0, Lq, chunk_size): scores = query[..., a:a+chunk_size, :] "
         "@ key.transpose(-2, -1) * s; ...; out[..., a:a+chunk_size, :] = scores.softmax(-1) @ value",
     ),
-    answer_key=("torch.nn.functional.scaled_dot_product_attention",),
+    answer_key=("torch.nn.functional.scaled_dot_product_attention",
+                # every attention diffusers computes itself: the scores helper, the processors, the module
+                "diffusers.models.**:*.get_attention_scores", "diffusers.models.**:*AttnProcessor*.__call__",
+                "diffusers.models.**:*Attention*.forward"),
     # ...and the same computation one level down (torch.ops.aten, the CPU flash kernel)
     forbidden_ops=("scaled_dot_product", "flash_attention", "efficient_attention"),
 )

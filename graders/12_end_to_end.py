@@ -13,9 +13,9 @@ from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import (DTYPES, SD_BETAS, PipelineRecorder, TrajectoryProbe, localizer,
-                                           quiet_diffusers, seed_from)
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.engine.helpers import (DTYPES, EVERY_PIPELINE_CALL, SD_BETAS, PipelineRecorder, TrajectoryProbe,
+                                           first_divergence, localizer, quiet_diffusers, seed_from)
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT, MODEL_FORWARD
 
 SCHEDULERS = {
@@ -23,7 +23,8 @@ SCHEDULERS = {
     # "leading" spacing: init_noise_sigma depends on set_timesteps (157.4 before, ~26 after)
     "Euler leading": lambda: EulerDiscreteScheduler(**SD_BETAS, timestep_spacing="leading"),
 }
-PIPELINE_KEYS = ("diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",)
+PIPELINE_KEYS = ("diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion.StableDiffusionPipeline.__call__",
+                 EVERY_PIPELINE_CALL)  # any pipeline's loop is a route to this one
 
 
 def _built_with_channels(channels: int):
@@ -271,10 +272,28 @@ def _records(rec, images):
 def _(case, g):
     case = dict(case, eta=0.0, guidance_rescale=0.0)
     pipe, inputs, rec, out, seed = record_run(case, g, "pt")
-    inputs.update(vae=_models(case.get("dtype", "float32"), case.get("latent_channels", tiny.LATENT_CHANNELS))[1],
+    # The records alone could be made up from the configs: the UNet is a remote probe, and the trace counts only
+    # if the generation behind it ran (every UNet call the pipeline's, the generator drawn as the pipeline draws).
+    probe = TrajectoryProbe(inputs["unet"], label=f"{type(inputs['unet']).__name__}(tiny, random weights)")
+    inputs.update(unet=probe,
+                  vae=_models(case.get("dtype", "float32"), case.get("latent_channels", tiny.LATENT_CHANNELS))[1],
                   height=case["height"], width=case["width"], num_inference_steps=case["steps"],
                   guidance_scale=case["guidance_scale"], generator=torch.Generator().manual_seed(seed))
-    return Scenario(inputs=inputs, expected=_records(rec, out.images), label=f"{case['scheduler']}")
+    return Scenario(inputs=inputs, expected=_records(rec, out.images), label=f"{case['scheduler']}",
+                    verify=_traced_a_real_run(probe, rec["steps"]), generators_after={"generator": rec["generator"]})
+
+
+def _traced_a_real_run(probe: TrajectoryProbe, steps: list):
+    """A Scenario.verify: the trace came with the generation it describes, its UNet calls the pipeline's."""
+
+    def verify(out) -> None:
+        found = first_divergence(probe, steps)
+        if found is not None:
+            raise KataFailure(
+                f"  the trace must come from running the generation it describes, and that run differs from the "
+                f"pipeline's: {found}", detail="the trace's generation is not the pipeline's")
+
+    return verify
 
 
 @inference_trace.trap("the UNet input recorded before doubling the batch",

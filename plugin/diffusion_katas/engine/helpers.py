@@ -32,6 +32,20 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 
 
+# Answer-key families (engine/isolation.py: 'MODULES:OBJECTS', matched by module and qualified name when a function
+# starts): every library route to an answer, not the one function it is graded against.
+SCHEDULERS = "diffusers.schedulers.**"
+PIPELINES = "diffusers.pipelines.**"
+MODELS = "diffusers.models.**"
+EVERY_PIPELINE_CALL = f"{PIPELINES}:*Pipeline*.__call__"
+# every image processor's post-processing (VaeImageProcessor's subclasses and siblings, the pipelines' own
+# processors and postprocess_image methods, diffusers.utils' PIL helpers)
+IMAGE_POSTPROCESSING = (*(f"diffusers.image_processor:*Processor*.{name}"
+                          for name in ("postprocess", "denormalize", "pt_to_numpy", "numpy_to_pil")),
+                        f"{PIPELINES}:*Processor*.postprocess", f"{PIPELINES}:*Processor*.pt_to_numpy",
+                        f"{PIPELINES}:*.postprocess_image", "diffusers.utils.pil_utils:*_to_pil")
+
+
 def sd_schedule(**overrides) -> dict:
     """Stable Diffusion's scheduler settings (SD_BETAS), with `overrides` on top."""
     return {**SD_BETAS, **overrides}

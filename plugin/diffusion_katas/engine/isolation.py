@@ -26,6 +26,14 @@ class NotAlone(RuntimeError):
 
 
 _THREAD = "a thread"  # the lock's mark on the functions that start one
+_COMPILE = "a compiler"
+# What runs learner or library code as other bytecode than it was written in (dynamo rewrites frames, TorchScript
+# compiles them): refused in every kata, since a rewritten copy of the answer key is no longer its code.
+# (torch.compile is torch._dynamo.optimize underneath: refused there, so that the lock need not read the code of torch's
+# own top-level module, which every tensor operation under a torch function mode passes through.)
+COMPILERS = ("torch._dynamo.eval_frame.optimize", "torch._dynamo.eval_frame._optimize",
+             "torch._dynamo.eval_frame.optimize_assert", "torch.jit.script", "torch.jit.trace",
+             "torch.jit.trace_module", "torch.fx.symbolic_trace")
 _CODE_NAME = operator.attrgetter("co_qualname" if sys.version_info >= (3, 11) else "co_name")
 _SWITCH = "a mode switch"
 # What switches torch's dispatch modes off (the meters, the refused operators): refused when learner code calls it.
@@ -140,33 +148,157 @@ def _resolve(path: str):
     raise ImportError(f"cannot resolve answer-key path {path!r}")
 
 
-def _builtin_at(path: str):
-    """The builtin (C) callable at an answer-key path (torch.nn.functional.conv2d, say), or None."""
-    owner, attr = _resolve(path)
-    value = getattr(owner, attr, None)
-    return value if value is not None and not hasattr(value, "__code__") and callable(value) and \
-        type(value).__name__ in ("builtin_function_or_method", "method_descriptor", "wrapper_descriptor") else None
+# ---- answer-key families -------------------------------------------------------------------------------------------
+# An answer-key path is a dotted name ('diffusers.schedulers.scheduling_ddpm.DDPMScheduler.add_noise') or a family:
+# 'MODULES:OBJECTS', where MODULES is a module ('diffusers.models.embeddings') or a package and every module below
+# it ('diffusers.schedulers.**'), and OBJECTS names, with shell wildcards, functions defined there ('get_*embedding*')
+# or attributes of classes defined there ('*Scheduler.add_noise', '*.get_delta_weight'). A family closes the answer
+# key over every library route to it: another scheduler's step, another model's copy of a helper, a sibling layer.
+# The lock matches a family by name when a function starts (its module, its qualified name), so no module has to be
+# imported for it beforehand; C functions, which have no frame, are found in the modules already loaded.
+def family_parts(pattern: str) -> tuple[str, bool, str]:
+    """(module or package, whether every module below it counts, object pattern) of a family pattern."""
+    module_part, object_part = pattern.split(":", 1)
+    below = module_part.endswith(".**")
+    return (module_part[:-3] if below else module_part), below, object_part
 
 
-def _functions_at(path: str) -> list:
-    """The plain functions behind an answer-key path (a method, a property's getter, a classmethod...)."""
-    owner, attr = _resolve(path)
-    value = owner.__dict__.get(attr, getattr(owner, attr, None)) if hasattr(owner, "__dict__") else getattr(owner, attr)
-    if isinstance(value, property):
-        candidates = [value.fget, value.fset]
-    elif isinstance(value, (staticmethod, classmethod)):
-        candidates = [value.__func__]
+def family_matches(pattern: str, module: str, qualname: str) -> bool:
+    """Whether a function defined in `module` under `qualname` belongs to the family."""
+    import fnmatch
+
+    package, below, objects = family_parts(pattern)
+    if not (module == package or below and module.startswith(package + ".")):
+        return False
+    names, parts = objects.split("."), qualname.split(".")
+    return len(names) == len(parts) and all(fnmatch.fnmatchcase(p, n) for p, n in zip(parts, names))
+
+
+def family_regex(families) -> "re.Pattern | None":
+    """One regex over 'module|qualname' for a lock's families (`(pattern, direct)` pairs): its group 'direct' or
+    'any' says which kind matched. Matching it is what the lock does for each new code object."""
+    import fnmatch
+    import re
+
+    parts: dict[bool, list[str]] = {True: [], False: []}
+    for pattern, direct in families:
+        package, below, objects = family_parts(pattern)
+        module_re = re.escape(package) + (r"(?:\..*)?" if below else "")
+        object_re = r"\.".join(fnmatch.translate(name)[4:-3] for name in objects.split("."))  # (?s:...)\Z stripped
+        parts[bool(direct)].append(f"{module_re}\\|{object_re}")
+    groups = [f"(?P<{name}>{'|'.join(f'(?:{p})' for p in parts[key])})" for key, name in ((True, "direct"), (False, "any"))
+              if parts[key]]
+    return re.compile(f"(?:{'|'.join(groups)})\\Z", re.S) if groups else None
+
+
+def family_members(pattern: str, loaded_only: bool = False) -> list:
+    """(owner, attribute, dotted name) of everything a family names: in every module below a package (imported here,
+    as the course's own tests do), or with `loaded_only` in the modules already loaded (the runner's C functions)."""
+    import fnmatch
+
+    package, below, objects = family_parts(pattern)
+    if loaded_only:
+        modules = [m for name, m in list(sys.modules.items()) if m is not None
+                   and (name == package or below and name.startswith(package + "."))]
     else:
-        candidates = [value, getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
-    return [f for f in candidates if f is not None and hasattr(f, "__code__")]
+        modules = _modules(package, below)
+    names = objects.split(".")
+    found = []
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if not fnmatch.fnmatchcase(name, names[0]):
+                continue
+            if len(names) == 1:  # a function defined there, or a C function found there (it has no module of its own)
+                if callable(value) and (getattr(value, "__module__", module.__name__) == module.__name__
+                                        or not hasattr(value, "__code__") and not isinstance(value, type)):
+                    found.append((module, name, f"{module.__name__}.{name}"))
+            elif isinstance(value, type) and value.__module__ == module.__name__:
+                found += [(value, attr, f"{module.__name__}.{name}.{attr}") for attr in list(vars(value))
+                          if fnmatch.fnmatchcase(attr, names[1])]
+    return found
+
+
+def _modules(package: str, below: bool) -> list:
+    """The module, or the package and every module below it that imports here (a module needing a library that is not
+    installed, flax say, is not part of any answer)."""
+    import pkgutil
+
+    top = importlib.import_module(package)
+    if not below:
+        return [top]
+    modules = [top]
+    for info in pkgutil.walk_packages(getattr(top, "__path__", []), top.__name__ + "."):
+        try:
+            modules.append(importlib.import_module(info.name))
+        except Exception:  # noqa: BLE001  (optional dependencies, deprecated shims: not a route to the answer here)
+            continue
+    return modules
+
+
+def _targets(path: str, loaded_only: bool = False) -> list:
+    """(owner, attribute, dotted name) of an answer-key path, a family's members included."""
+    if ":" in path:
+        return family_members(path, loaded_only)
+    owner, attr = _resolve(path)
+    return [(owner, attr, path)]
+
+
+def _builtins_at(path: str) -> list:
+    """The builtin (C) callables an answer-key path names (torch.nn.functional.conv2d, say; a family's, among the
+    modules already loaded)."""
+    found = []
+    for owner, attr, _name in _targets(path, loaded_only=True):
+        value = getattr(owner, attr, None)
+        if value is not None and not hasattr(value, "__code__") and callable(value) and \
+                type(value).__name__ in ("builtin_function_or_method", "method_descriptor", "wrapper_descriptor"):
+            found.append(value)
+    return found
+
+
+def _functions_at(path: str) -> list[tuple]:
+    """(plain function, dotted name) behind an answer-key path: a method, a property's getter, a classmethod..."""
+    found = []
+    for owner, attr, name in _targets(path):
+        value = owner.__dict__.get(attr, getattr(owner, attr, None)) if hasattr(owner, "__dict__") \
+            else getattr(owner, attr)
+        if isinstance(value, property):
+            candidates = [value.fget, value.fset]
+        elif isinstance(value, (staticmethod, classmethod)):
+            candidates = [value.__func__]
+        else:
+            candidates = [value, getattr(value, "__wrapped__", None), getattr(value, "__func__", None)]
+        found += [(f, name) for f in candidates if f is not None and hasattr(f, "__code__")]
+    return found
+
+
+def _module_of(function) -> str:
+    """The module a function is defined in: the one its frames' globals are."""
+    return (getattr(function, "__globals__", None) or {}).get("__name__", "") or getattr(function, "__module__", "")
+
+
+_FINGERPRINTS: dict[int, tuple] = {}  # id(code) -> (code, fingerprint): the answer keys' own, read once per process
+
+
+def _fingerprint_of(code) -> tuple:
+    known = _FINGERPRINTS.get(id(code))
+    if known is None or known[0] is not code:
+        known = _FINGERPRINTS[id(code)] = (code, fingerprint(code))
+    return known[1]
 
 
 def fingerprint(code) -> tuple:
     """What makes two code objects the same computation: bytecode, names and constants (nested code
-    included), not where they were defined. A sibling class's "Copied from" method, a module executed a
-    second time from its file, and a reference captured before any lock all share it."""
+    included), not where they were defined nor how they are documented. A sibling class's "Copied from" method
+    (its docstring reworded), a module executed a second time from its file, and a reference captured before any
+    lock all share it. A function's first constant is its docstring's slot (None where it has none): a string
+    there is read as the docstring and left out."""
     consts = tuple(fingerprint(c) if hasattr(c, "co_code") else (type(c).__name__, repr(c)) for c in code.co_consts)
+    if consts and consts[0][0] == "str" and code.co_flags & _CO_NEWLOCALS:
+        consts = (("str", "<docstring>"),) + consts[1:]
     return (code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, consts)
+
+
+_CO_NEWLOCALS = 0x0002  # a function's code (not a module's or a class body's)
 
 
 class CodeLock:
@@ -190,6 +322,8 @@ class CodeLock:
         self.paths = tuple(paths)
         self.forbidden_ops = tuple(forbidden_ops)
         self.locked: dict[tuple, str] = {}
+        self.families: list[tuple[str, bool]] = []  # (family pattern, refused only where the learner calls it)
+        self.modules: set[str] = set()  # where the locked functions are defined (the lock reads every call there)
         self.builtins: dict[Any, tuple] = {}
         self.switches: dict[Any, Any] = {}
         # The learner's own functions that ran during the last call, as (file, name): a failure that comes
@@ -199,25 +333,37 @@ class CodeLock:
     def install(self) -> None:
         for path in self.paths + self.direct_paths:
             direct = path in self.direct_paths
-            for function in _functions_at(path):
-                key = fingerprint(function.__code__)
-                self.locked[key] = path
-                if direct:
-                    self.direct.add(key)
-            builtin = _builtin_at(path)
-            if builtin is not None:  # a C function: refused at its call (the profiler's c_call event)
+            if ":" in path:  # a family: matched by name as its functions start (and its C functions found now)
+                self.families.append((path, direct))
+            else:
+                for function, name in _functions_at(path):
+                    key = _fingerprint_of(function.__code__)
+                    self.locked.setdefault(key, name)
+                    self.modules.add(_module_of(function))
+                    if direct:
+                        self.direct.add(key)
+            for builtin in _builtins_at(path):  # a C function: refused at its call (the profiler's c_call event)
                 self.builtins[builtin] = (builtin, path, direct)
         for starter in thread_starters():  # graded code runs alone (engine/alone.py)
             self.builtins[starter] = (starter, _THREAD, False)
-        for path in MODE_SWITCHES:
+        for path in COMPILERS:
             try:
-                functions, builtin = _functions_at(path), _builtin_at(path)
+                functions = _functions_at(path)
             except (ImportError, AttributeError):
                 continue
-            for function in functions:  # a contextmanager's generator code runs under contextlib's __enter__
+            for function, _name in functions:
+                self.locked.setdefault(_fingerprint_of(function.__code__), _COMPILE)
+                self.modules.add(_module_of(function))
+        for path in MODE_SWITCHES:
+            try:
+                functions, builtins = _functions_at(path), _builtins_at(path)
+            except (ImportError, AttributeError):
+                continue
+            for function, _name in functions:  # a contextmanager's generator code runs under contextlib's __enter__
                 code = getattr(function, "__wrapped__", function).__code__
                 self.switches[code] = code
-            if builtin is not None:
+                self.modules.add(_module_of(getattr(function, "__wrapped__", function)))
+            for builtin in builtins:
                 self.builtins[builtin] = (builtin, _SWITCH, True)
 
     def arm(self, library_roots: tuple[str, ...]) -> None:
@@ -319,6 +465,9 @@ def _lock_closure(lock: CodeLock, untrusted, pending: list):
     import contextlib
 
     locked = dict(lock.locked)
+    shapes = frozenset((len(key[0]), key[3]) for key in locked)  # (bytecode length, argument count) of each
+    families = tuple(lock.families)
+    families_re = family_regex(families)
     direct = frozenset(lock.direct)
     builtins = dict(lock.builtins)
     switches = dict(lock.switches)
@@ -334,11 +483,12 @@ def _lock_closure(lock: CodeLock, untrusted, pending: list):
     # itself, whose hash reads its constants on every lookup.
     seen: dict = {}
     name_of = _CODE_NAME
-    # the plain modules, but those holding a locked path or a mode switch (their code is read as any other)
-    looked_at = {path.rsplit(".", 2)[0] for path in lock.paths + lock.direct_paths} | \
-        {path.rsplit(".", 1)[0] for path in lock.paths + lock.direct_paths} | \
-        {path.rsplit(".", 1)[0] for path in MODE_SWITCHES}
-    plain = {name: namespace for name, namespace in _PLAIN.items() if name not in looked_at}
+    # the plain modules, but those holding a locked function, a compiler or a mode switch, and every family's (their
+    # code is read as any other)
+    looked_at = lock.modules
+    family_modules = [family_parts(pattern)[:2] for pattern, _ in families]
+    plain = {name: namespace for name, namespace in _PLAIN.items() if name not in looked_at and not any(
+        name == package or below and name.startswith(package + ".") for package, below in family_modules)}
 
     def record(exc):
         violations.append(exc)
@@ -382,8 +532,15 @@ def _lock_closure(lock: CodeLock, untrusted, pending: list):
                 break
         if known is None:
             mine = code.co_filename in learner_files
-            key = fingerprint(code) if locked and not mine else None
-            known = (code, locked.get(key) if key else None, key in direct, mine, switches.get(code) is code)
+            # a fingerprint is read only where one could match (the same bytecode length and argument count)
+            key = fingerprint(code) if not mine and (len(code.co_code), code.co_argcount) in shapes else None
+            answer, is_direct = (locked.get(key), key in direct) if key else (None, False)
+            if answer is None and families_re is not None and not mine:
+                module = namespace.get("__name__") or ""
+                hit = families_re.match(f"{module}|{name_of(code)}")
+                if hit is not None:
+                    answer, is_direct = f"{module}.{name_of(code)}", hit.lastgroup == "direct"
+            known = (code, answer, is_direct, mine, switches.get(code) is code)
             seen.setdefault(name_of(code), []).append(known)
         if known[4]:  # a mode switch: refused where the learner's own code turned it on
             caller = frame.f_back
@@ -399,6 +556,10 @@ def _lock_closure(lock: CodeLock, untrusted, pending: list):
             caller = frame.f_back
             if known[2] and (caller is None or not untrusted(caller.f_code)):
                 return  # called by library code the kata may use, not by the learner
+            if known[1] == _COMPILE:
+                raise record(AnswerKeyError(
+                    f"{who[0]} compiled code ({code.co_name}): a compiled frame runs as other code than it was written "
+                    "in, out of the answer-key lock's view. Graded code runs as it is written."))
             raise record(_answer_key_error(who[0], known[1]))
 
     def window(op, detail=None) -> int:

@@ -145,9 +145,10 @@ def _load_graders(command: dict, loaded: dict) -> str:
         try:
             stamp = (path, os.stat(path).st_mtime_ns)
             if loaded.get(name) != stamp:
-                load_module(path, name)
+                module = load_module(path, name)
                 loaded[name] = stamp
                 warm_imports(path)
+                warm_locks(module)
         except BaseException as exc:  # noqa: BLE001  (reported to the grader, which says so)
             loaded.pop(name, None)
             return f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:MESSAGE_CAP]
@@ -195,6 +196,19 @@ def warm_imports(path: str) -> None:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001  (not a module, or not importable here: the runner will say)
+            pass
+
+
+def warm_locks(module) -> None:
+    """Resolve, here in the warm parent, the answer keys of a grader's katas (their families walk whole packages)
+    and read their code's fingerprints, so that each runner's lock starts from what is known (engine/isolation.py)."""
+    from diffusion_katas.core.spec import Kata
+    from diffusion_katas.engine.isolation import CodeLock
+
+    for kata in [v for v in vars(module).values() if isinstance(v, Kata)]:
+        try:
+            CodeLock(kata.answer_key, kata.name, kata.forbidden_ops, (), kata.answer_key_direct).install()
+        except Exception:  # noqa: BLE001  (a key that cannot be resolved here is reported by the runner's own lock)
             pass
 
 
