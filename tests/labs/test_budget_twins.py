@@ -1,9 +1,10 @@
 """Every budget rejects a twin: an implementation with the right values and the wrong cost.
 
-A budget that a correct-valued, wrong-cost implementation passes measures nothing. Each non-GPU budget of
-every grader has a twin here (GPU budgets run only on a learner's GPU and are exercised there); the test
-grades it through the real grader and expects the budget named in the verdict. A twin may also be
-stopped by a check that counts the same cost (two denoiser calls for CFG fail the call-count check).
+A budget that a correct-valued, wrong-cost implementation passes measures nothing. Each budget of every
+grader has a twin here; the test grades it through the real grader and expects the budget named in the
+verdict. A twin may also be stopped by a check that counts the same cost (two denoiser calls for CFG fail
+the call-count check). The GPU budgets' twins are marked `cuda`: they run where CUDA is (scripts/gpu-check.sh
+runs them on a real GPU), and skip with that reason elsewhere.
 """
 from __future__ import annotations
 
@@ -100,6 +101,44 @@ def twice(lab: str, function: str) -> str:
     return "def _once():\n" + textwrap.indent(block, "    ") + "\n_once()\nreturn _once()\n"
 
 
+def solution_block(lab: str, function: str) -> str:
+    """The solution's body of `function`, dedented, between its BEGIN and END SOLUTION lines."""
+    import re
+    import textwrap
+
+    lines = (REPO / "solutions" / f"{lab}.py").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(rf"\s*def {function}\(", line))
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    return textwrap.dedent("\n".join(lines[begin + 1:end]))
+
+
+def whole_decoded_too() -> str:
+    """tiled_decode's solution after a decode of the WHOLE latent, kept to the end (a preview cropped from it,
+    say): the right values, and the untiled decode's memory on top of the tiles'."""
+    block = solution_block("11_memory", "tiled_decode")
+    assert block.rstrip().endswith("return out"), "the solution's tiled_decode ends otherwise: update this twin"
+    head = "whole = vae.decoder(vae.post_quant_conv(latents) if vae.config.use_post_quant_conv else latents)\n"
+    return head + block.rstrip()[:-len("return out")] + "del whole\nreturn out\n"
+
+
+def float32_decode() -> str:
+    """tiled_decode's solution run on a float32 copy of the float16 VAE: the same tiles, twice the bytes."""
+    import textwrap
+
+    return ("def _tiled(vae, latents):\n" + textwrap.indent(solution_block("11_memory", "tiled_decode"), "    ")
+            + "\nreturn _tiled(vae.float(), latents.float()).to(latents.dtype)\n")
+
+
+# The GPU budgets' twins: (lab, function, budget, body, what the verdict must say)
+GPU_TWINS = [
+    ("11_memory", "tiled_decode", "SD VAE on a GPU at 2048²", whole_decoded_too, "OVER peak CUDA memory"),
+    ("11_memory", "tiled_decode", "SD VAE on a GPU at 1024²", float32_decode, "OVER peak CUDA memory"),
+    ("11_memory", "chunked_attention", "16384 tokens on a GPU, float16",
+     lambda: next(t[3] for t in TWINS if t[1] == "chunked_attention"), "OVER peak CUDA memory"),
+]
+
+
 def test_every_budget_off_the_gpu_has_a_twin():
     from diffusion_katas.core.course import Course
 
@@ -109,6 +148,35 @@ def test_every_budget_off_the_gpu_has_a_twin():
     covered = {(lab, function, name) for lab, function, name, _, _ in TWINS}
     assert declared <= covered, f"budgets without a twin: {sorted(declared - covered)}"
     assert covered <= declared, f"twins of budgets that do not exist: {sorted(covered - declared)}"
+
+
+def test_every_gpu_budget_has_a_twin_that_builds():
+    from diffusion_katas.core.course import Course
+
+    course = Course(REPO)
+    declared = {(lab, b.kata.name, b.name) for lab in course.graded_labs() for kata in course.graders_of(lab)
+                for b in kata.budgets if any(getattr(m, "name", "") == "cuda" for m in b.marks)}
+    assert declared == {(lab, function, name) for lab, function, name, _, _ in GPU_TWINS}
+
+
+@pytest.mark.parametrize("lab, function, budget, body, says", GPU_TWINS, ids=[f"{t[1]}-{t[2]}" for t in GPU_TWINS])
+def test_a_gpu_budgets_twin_has_the_right_values(grade_mutant, lab, function, budget, body, says):
+    # Off the GPU too: a twin that failed a check would only make its budget wait, and measure nothing.
+    graded = grade_mutant(lab, function, body(), "-m", "not budget")
+    assert graded.status == "passed", graded.text
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lab, function, budget, body, says", GPU_TWINS, ids=[f"{t[1]}-{t[2]}" for t in GPU_TWINS])
+def test_a_correct_valued_twin_with_the_wrong_cost_is_rejected_on_a_gpu(grade_mutant, lab, function, budget, body,
+                                                                       says):
+    import re
+
+    size = re.search(r"\d{4,}", budget).group()  # this budget alone: its image side or token count
+    graded = grade_mutant(lab, function, body(), "-m", "cuda", "-k", size)
+    assert graded.status == "over budget", graded
+    assert f"budget '{budget}'" in graded.text, graded.text
+    assert says in graded.text, graded.text
 
 
 @pytest.mark.parametrize("lab, function, budget, body, says", TWINS,

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 def test_reading_the_expected_value_through_gc_or_frames_is_refused_and_finds_nothing_anyway(toy):
     toy.kata(double="""
@@ -440,3 +442,81 @@ def test_shared_memory_counts_against_the_memory_limit(toy):
     result = toy.run("katas", "--kata-function", "double", "--kata-memory", "0.5")
     result.stdout.fnmatch_lines(["*Cannot allocate memory (the runner's memory limit: 0.5 GiB beyond its own*"])
     result.assert_outcomes(failed=1)
+
+
+# A check whose inputs the runner cannot rebuild (a GPU's tensors where CUDA does not start there, say): the
+# runner's failure, said as such, before any learner code ran; never a crash of the learner's function.
+UNLOADABLE_GRADER = '''
+import torch
+
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import Tol
+
+
+def _refuse_here():
+    raise RuntimeError("this input cannot be rebuilt in a runner")
+
+
+class Unloadable:
+    def __reduce__(self):
+        return (_refuse_here, ())
+
+
+apply = Kata("apply", hints=("return x",), no_answer_key="a toy")
+
+
+@apply.check("identity", tol=Tol(1e-6, 0.0, "toy"))
+def _(case, g):
+    x = torch.randn(3, generator=g)
+    return Scenario(inputs=dict(model=Unloadable(), x=x), expected=x)
+'''
+
+
+def test_inputs_the_runner_cannot_load_are_the_runners_failure_not_the_learners(toy):
+    (toy.pytester.path / "graders" / "02_remote.py").write_text(UNLOADABLE_GRADER)
+    (toy.pytester.path / "katas" / "02_remote.py").write_text('"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n'
+                                                               '    return x\n')
+    result = toy.run("katas/02_remote.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the check's inputs could not be loaded in the runner: RuntimeError: this input "
+                                 "cannot be rebuilt in a runner*"])
+    assert "the process running your function ended" not in result.stdout.str()
+
+
+def test_runners_ask_nvml_whether_cuda_exists_so_a_fork_can_still_start_it(monkeypatch):
+    # A CUDA driver started in the warm parent (torch.cuda.is_available() at an import) cannot be used in a runner
+    # forked from it: "Cannot re-initialize CUDA in forked subprocess", seen on an H100 (docs/gpu-budgets.md).
+    from diffusion_katas.engine.runner import runner_environment
+
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    assert runner_environment()["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")  # an explicit choice is kept
+    assert runner_environment()["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
+
+
+CUDA_GRADER = '''
+import pytest
+import torch
+
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import Tol
+
+apply = Kata("apply", hints=("return 2x",), no_answer_key="a toy")
+
+
+@apply.check("on the GPU", tol=Tol(1e-6, 0.0, "toy"), marks=(pytest.mark.cuda,))
+def _(case, g):
+    x = torch.randn(3, generator=g).to("cuda")
+    return Scenario(inputs=dict(model=None, x=x), expected=x * 2)
+'''
+
+
+@pytest.mark.cuda
+def test_a_gpu_check_runs_in_a_sandboxed_runner_that_takes_cuda_tensors(toy):
+    # The runner starts CUDA before its sandbox closes (the driver writes its threads' names under /proc, which
+    # Landlock refuses), after a warm parent that never started it (engine/runner.py, engine/runner_main.py).
+    (toy.pytester.path / "graders" / "02_remote.py").write_text(CUDA_GRADER)
+    (toy.pytester.path / "katas" / "02_remote.py").write_text(
+        '"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n    assert x.is_cuda\n    return x * 2\n')
+    result = toy.run("katas/02_remote.py", "-m", "cuda")
+    result.assert_outcomes(passed=1)

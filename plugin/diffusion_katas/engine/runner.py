@@ -70,10 +70,16 @@ class Zygote:
         # written (-B); the package is put first on the path by hand.
         code = ("import sys; sys.path.insert(0, sys.argv[1]); "
                 "from diffusion_katas.engine.runner_main import zygote; zygote(int(sys.argv[2]))")
+        # KATA_RUNNER_LOG (a file the grader's user names): where the warm parent and the runners write what
+        # breaks them outside any learner call (a diagnostic; their stderr goes nowhere otherwise).
+        log = os.environ.get("KATA_RUNNER_LOG")
+        stderr = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115  (the child holds it)
         self.process = subprocess.Popen(
             [sys.executable, "-I", "-B", "-c", code, package_parent, str(child.fileno())],
             pass_fds=(child.fileno(),), env=runner_environment(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        if log:
+            stderr.close()
         child.close()
         self.control = parent
         self._buffer = b""
@@ -162,6 +168,9 @@ def runner_environment() -> dict[str, str]:
     threads = env.get("KATA_THREADS", "1")
     env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                TOKENIZERS_PARALLELISM="false" if threads == "1" else "true", HF_HUB_OFFLINE="1")
+    # Runners are forked from the warm parent, and a CUDA driver started before a fork is unusable after it: the
+    # parent's imports ask torch.cuda.is_available(), which asks NVML instead of starting the driver with this set.
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     return env
 
 
@@ -170,7 +179,7 @@ class Runner:
 
     def __init__(self, source: Path, module: str, grader_modules: list[tuple[str, str]], answer_key: tuple,
                  kata: str, timeout: float, forbidden_ops: tuple = (), learner_files: tuple = (),
-                 answer_key_direct: tuple = (), memory: int | None = None):
+                 answer_key_direct: tuple = (), memory: int | None = None, cuda: bool = False):
         self.zygote = Zygote.shared()
         self.zygote.load(grader_modules, (source, *learner_files))
         self.pid, self.sock = self.zygote.fork()
@@ -184,7 +193,7 @@ class Runner:
             "op": "open", "cwd": os.getcwd(), "sys_path": list(sys.path), "source": str(source), "module": module,
             "grader_modules": grader_modules, "answer_key": tuple(answer_key), "kata": kata,
             "forbidden_ops": tuple(forbidden_ops), "learner_files": [str(p) for p in learner_files],
-            "answer_key_direct": tuple(answer_key_direct), "memory": memory})
+            "answer_key_direct": tuple(answer_key_direct), "memory": memory, "cuda": cuda})
 
     def _ask(self, request: dict, inputs: bytes | None = None) -> dict:
         """Send a request and wait for its reply, serving the remote models' calls that come first; the time

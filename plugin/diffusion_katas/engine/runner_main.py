@@ -112,10 +112,17 @@ def zygote(control_fd: int) -> None:
                 os.setpgid(0, 0)  # its own process group: a kill ends whatever the learner's code started
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = 0
+                log = os.dup(2)  # the warm parent's stderr (KATA_RUNNER_LOG), before serve() captures fd 2
                 try:
                     serve(socket.socket(fileno=fds[0]))
                 except BaseException:  # noqa: BLE001
                     code = 70
+                    try:  # the runner's own failure, said where the grader's user can read it
+                        import traceback
+
+                        os.write(log, traceback.format_exc()[-8000:].encode("utf-8", "replace"))
+                    except BaseException:  # noqa: BLE001
+                        pass
                 os._exit(code)
             os.close(fds[0])
             control.sendall(f"pid {pid}\n".encode())
@@ -353,7 +360,13 @@ def serve(sock: socket.socket) -> None:
             inputs_blob = recv(sock)
             if inputs_blob is None:
                 return
-            reply(sock, captured, _call(request, _Inbound(io.BytesIO(inputs_blob)).load(), module, learner_files, lock))
+            try:  # the grader's inputs, before any learner code runs in this call (a GPU's tensors start CUDA here)
+                inputs = _Inbound(io.BytesIO(inputs_blob)).load()
+            except BaseException as exc:  # noqa: BLE001  (said as the runner's failure, never the learner's)
+                reply(sock, captured, {"kind": "grader_error", "message": f"the check's inputs could not be loaded "
+                                       f"in the runner: {type(exc).__name__}: {exc}"[:MESSAGE_CAP]})
+                continue
+            reply(sock, captured, _call(request, inputs, module, learner_files, lock))
 
 
 # ---- models the grader runs: a call crosses to the grader's process and back -----------------------------
@@ -494,6 +507,12 @@ def _open(request: dict):
     source = request["source"]
     learner_files = {source, *request.get("learner_files", ())}
     graders = [path for path, _name in request.get("grader_modules", ())]
+    if request.get("cuda"):
+        try:
+            _start_cuda()
+        except BaseException as exc:  # noqa: BLE001
+            return None, set(), None, {"kind": "grader_error", "message": f"CUDA did not start in the runner: "
+                                       f"{type(exc).__name__}: {exc}"[:MESSAGE_CAP]}
     # Confined for good before any learner code: its own folder and the graders readable, nothing else of the
     # course (engine/sandbox.py). Graded code starts no process of its own, at import or in a call.
     sandbox.enter(sorted({os.path.dirname(f) for f in learner_files} | set(graders)))
@@ -512,6 +531,17 @@ def _open(request: dict):
         data["kind"] = "import_error"
         return None, learner_files, lock, data
     return module, learner_files, lock, None
+
+
+def _start_cuda() -> None:
+    """Start CUDA (the driver and a context) in a GPU check's runner before its sandbox closes: the driver names its
+    threads as it starts, through /proc/<pid>/task/<tid>/comm, a write the sandbox refuses (cuInit then fails with
+    error 304, "OS call failed"). Its device files stay open; no learner code has run yet."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
 
 
 def _threads() -> int:

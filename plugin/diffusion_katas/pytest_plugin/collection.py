@@ -155,7 +155,8 @@ class KataItem(pytest.Item):
                 kata_file.source, f"_learner_{lab}", [(str(session.course.grader(lab)), f"diffusion_katas_grader_{lab}")],
                 self.kata.answer_key, self.kata.name, session.timeout, self.kata.forbidden_ops,
                 tuple(kata_file.learner_files()), self.kata.answer_key_direct,
-                memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30))
+                memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30),
+                cuda=bool(self.get_closest_marker("cuda")))
         except RunnerGone as gone:  # the kata file ended its process while it was being imported
             rel = session.rel(kata_file.source)
             if gone.timed_out:
@@ -169,7 +170,7 @@ class KataItem(pytest.Item):
         if opened.get("kind") == "import_error":
             raise kata_file.import_failure(RemoteError(opened))
         if opened.get("kind") == "grader_error":
-            raise RuntimeError(f"the runner could not load the grader: {opened.get('message')}")
+            raise RuntimeError(f"the runner could not start: {opened.get('message')}")
         if self.kata.name not in opened.get("functions", ()):
             where = f"{session.rel(kata_file.source)} has no function `{self.kata.name}`"
             raise KataFailure(f"{where} (deleted or renamed?). Keep the name and signature from the kata.",
@@ -239,6 +240,8 @@ class KataItem(pytest.Item):
             return out if meter is None else (data.get("measurement"), out)
         if kind == "missing_function":
             raise KataFailure(f"{self.last_context}\n  `{fn}` is gone from the kata file", Reason.MISSING_FUNCTION)
+        if kind == "grader_error":  # the runner's own failure, before the learner's function ran: an error, no grade
+            raise RuntimeError(f"{self.last_context}: {data.get('message')}")
         error = RemoteError(data)
         if data.get("kata_failure"):
             raise KataFailure(f"{self.last_context}\n{error.message}", Reason(data.get("reason") or "wrong"),
