@@ -105,7 +105,12 @@ def test_every_float_check_has_a_shadow_and_diffusers_is_within_rounding_of_it(l
 
 @pytest.mark.parametrize("lab", sorted(SHADOWED_LABS))
 def test_the_shadow_allowance_never_lets_a_declared_trap_through(lab):
+    # Through a check: in some case of every check where a trap's output differs from diffusers', the
+    # allowances reject it. In one float16 case a wrong formula can differ by rounding alone (a rescale towards
+    # the unconditional σ where the two σ nearly agree, within 2× diffusers' own error over the output): the
+    # float32 cases of the same check tell it apart, and a learner's output is judged on all of them.
     torch.manual_seed(0)
+    differs: dict = {}
     for kata, check, case, scenario in _scenarios(lab, seed=5):
         if scenario.exact is None:
             continue
@@ -118,9 +123,11 @@ def test_the_shadow_allowance_never_lets_a_declared_trap_through(lab):
                 continue
             if mismatch(wrong, scenario.expected, tol) is None:
                 continue  # the trap equals the reference here (clipping that clips nothing, say)
-            assert mismatch(wrong, scenario.expected, tol, exact=scenario.exact) is not None, (
-                f"{lab} {kata.name} [{check.name}] {case} {scenario.label}: trap '{trap.name}' passes "
-                "through the shadow allowance")
+            key = (kata.name, check.name, trap.name)
+            rejected = mismatch(wrong, scenario.expected, tol, exact=scenario.exact) is not None
+            differs[key] = differs.get(key, False) or rejected
+    through = [key for key, rejected in differs.items() if not rejected]
+    assert not through, f"{lab}: traps through the shadow allowance in a whole check: {through}"
 
 
 @pytest.mark.parametrize("lab", sorted(SHADOWED_LABS))

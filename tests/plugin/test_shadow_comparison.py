@@ -30,7 +30,7 @@ def test_a_wrong_answer_says_its_error_diffusers_error_and_the_allowance():
     assert "exact    2 (the same math in float64 on the same inputs)" in problem
     assert "2. |yours − exact| 0.0078125, allowed" in problem
     assert "diffusers' own |diffusers − exact| (0.000976562)" in problem
-    assert "within either allowance" in problem  # two allowances, each named with its own number
+    assert "an output passes when every element is within 1 or 2, or the whole output within 3" in problem
     assert "allowed 0.00195" in problem and "= 2 × diffusers' own |diffusers − exact|" in problem
     assert "+ 2 float32 ulps" in problem
     assert "tolerance: atol=1e-06, rtol=0: toy tolerance for tests" in problem
@@ -64,3 +64,37 @@ def test_a_python_float_answer_is_judged_against_its_shadow_too():
 def test_containers_carry_their_shadows_item_by_item():
     exact = (torch.tensor([2.0], dtype=torch.float64), 1.0)
     assert mismatch((torch.tensor([2.0]), 1.0), (torch.tensor([2.001]), 1.0), TIGHT, exact=exact) is None
+
+
+def test_one_elements_rounding_luck_never_fails_a_correct_answer():
+    # diffusers is exact at element 0 by luck, and off by rounding elsewhere; a correct formula in another
+    # order is off by rounding at element 0 instead: element by element it fails, over the output it is as
+    # close to exact math as diffusers
+    torch.manual_seed(0)
+    exact = torch.randn(256, dtype=torch.float64)
+    rounding = torch.randn(256, dtype=torch.float64).abs() * 1e-3
+    diffusers = (exact + rounding).float()
+    diffusers[0] = exact[0].float()
+    yours = (exact - rounding.flip(0)).float()
+    assert mismatch(yours, diffusers, TIGHT, exact=exact) is None
+
+
+def test_a_mistake_beyond_diffusers_largest_error_fails_even_at_one_element():
+    exact = torch.linspace(-1, 1, 256, dtype=torch.float64)
+    diffusers = (exact + 1e-3).float()
+    yours = exact.clone().float()
+    yours[17] += 5e-3  # 2× diffusers' largest error over the output is rounding's tail; 5× at one element is not
+    problem = mismatch(yours, diffusers, TIGHT, exact=exact)
+    assert problem is not None and "3. over the output: 1 element(s) beyond 3 × diffusers' largest" in problem
+    assert "worst element at index (17,)" in problem
+
+
+def test_an_error_of_rounding_size_above_diffusers_is_named_a_precision_problem():
+    torch.manual_seed(1)
+    exact = torch.randn(256, dtype=torch.float64)
+    diffusers = (exact + torch.randn(256, dtype=torch.float64) * 1e-4).float()
+    yours = (exact + torch.randn(256, dtype=torch.float64) * 5e-4).float()  # 5× diffusers' rounding
+    problem = mismatch(yours, diffusers, TIGHT, exact=exact)
+    assert "a precision problem, not the formula" in problem
+    wrong = (exact * 1.1).float()  # a formula off by 10%
+    assert "a precision problem" not in mismatch(wrong, diffusers, TIGHT, exact=exact)
