@@ -221,7 +221,7 @@ def init_noise_sigma(sigmas: torch.Tensor, timestep_spacing: str) -> float:
 
     Graded against: EulerDiscreteScheduler(...).init_noise_sigma
     Args: sigmas (n + 1,) float32 from `euler_sigmas`; timestep_spacing as configured.
-    Returns: a Python float (a 0-dim tensor is accepted too).
+    Returns: a Python float (diffusers' property answers a 0-dim tensor: take the number out with float()).
     """
     # BEGIN SOLUTION: take the largest σ; for "leading" return √(σ_max² + 1), otherwise σ_max
     sigma_max = float(sigmas.max())

@@ -269,3 +269,16 @@ def test_every_graded_step_count_is_one_where_diffusers_equals_exact_arithmetic(
         s = DDIMScheduler(num_train_timesteps=T, timestep_spacing=spacing, steps_offset=offset)
         s.set_timesteps(n)
         assert s.timesteps.tolist() == exact_timesteps(n, T, spacing, offset), case
+
+
+def test_init_noise_sigma_as_a_0_dim_tensor_fails_as_its_docstring_says_and_names_the_fix(grade_mutant):
+    # One rule: where the reference is a Python number, so is the answer (the docstring says so, and that
+    # diffusers' own property is a 0-dim tensor)
+    graded = grade_mutant("03_scheduler_reading", "init_noise_sigma", """
+        sigma_max = sigmas.max()
+        return sigma_max if timestep_spacing in ("linspace", "trailing") else (sigma_max**2 + 1) ** 0.5
+    """, "-m", "not budget")
+    assert graded.status == "failed", graded
+    assert "should be a Python float" in graded.text and "use .item()" in graded.text, graded.text
+    doc = (REPO / "katas" / "03_scheduler_reading.py").read_text(encoding="utf-8")
+    assert "Returns: a Python float (diffusers' property answers a 0-dim tensor" in doc
