@@ -324,6 +324,9 @@ NOISE_CASES = [
     dict(shape=(3, 16, 8, 8), dtype="float16", ladder="inference", n=8, shift=3.0),  # img2img's start
     dict(shape=(2, 4, 16, 16), dtype="float32", ladder="dynamic", n=6, mu=1.15),
     dict(shape=(5, 4, 8, 8), dtype="float16", ladder="training", shift=1.0),
+    # T ≠ 1000: timesteps are σ·T, so σ = t/1000 (right whenever T = 1000) is off here; read σ from the table
+    dict(shape=(3, 4, 8, 8), dtype="float32", ladder="training", shift=3.0, T=500),
+    dict(shape=(2, 4, 8, 8), dtype="float32", ladder="inference", n=5, shift=1.0, T=2000),
 ]
 
 
@@ -331,9 +334,9 @@ NOISE_CASES = [
 def _(case, g):
     shape, dtype = case["shape"], DTYPES[case["dtype"]]
     if case["ladder"] == "training":
-        s = scheduler(shift=case["shift"])
+        s = scheduler(shift=case["shift"], T=case.get("T", 1000))
     else:
-        s = scheduler(n=case["n"], shift=case.get("shift", 1.0), mu=case.get("mu"))
+        s = scheduler(n=case["n"], shift=case.get("shift", 1.0), mu=case.get("mu"), T=case.get("T", 1000))
     pick = torch.randperm(len(s.timesteps), generator=g)[: shape[0]]  # distinct timesteps, any order
     timestep = s.timesteps[pick].clone()
     sample = torch.randn(shape, generator=g).to(dtype)

@@ -417,6 +417,8 @@ LOOP_CASES = [
     dict(n=10, batch=2),  # DPM++ 2M as front ends run it: last step first order (σ = 0)
     dict(n=20, final="sigma_min", batch=1),  # n ≥ 15: lower_order_final does not apply, last step 2M
     dict(n=8, final="sigma_min", batch=3),  # n < 15: lower_order_final makes the last step first order
+    dict(n=15, final="sigma_min", batch=1),  # the boundary: 15 steps is not "fewer than 15", the last step 2M
+    dict(n=14, final="sigma_min", batch=1),  # and 14 is: first order (n ≤ 15 and n < 15 differ only at 15)
     dict(n=6, final="sigma_min", lower_order_final=False, batch=2),  # the flag off: last step 2M
     dict(n=12, lower_order_final=False, batch=2),  # the flag off, but σ = 0 forces first order anyway
     dict(n=7, spacing="trailing", schedule="ddpm", T=500, batch=2, channels=3),

@@ -105,6 +105,8 @@ MUTANTS = [
      Fails("wrong", "values differ")),
     ("scale_noise",  # left in float32 for float16 latents
      noise_body(cast=""), Fails("wrong", "has dtype")),
+    ("scale_noise",  # σ = t/1000: right wherever num_train_timesteps is 1000 (timesteps are σ·T)
+     noise_body(sigma="(timestep.float() / 1000).reshape(-1, 1, 1, 1)"), Fails("wrong", "values differ")),
     ("flow_euler_step",
      """
      x, v = sample.float(), model_output.float()
