@@ -229,11 +229,13 @@ def _rms(t) -> float:
 def _over_the_output(yours, theirs, x, bad, dtype, rule: ShadowRule) -> str | None:
     """None when the output as a whole is as close to exact math as diffusers' own: every element within
     rule.output_max_factor × diffusers' LARGEST error over the output (+ rule.ulps ulps at the element), and the
-    RMS error within rule.output_rms_factor × diffusers' RMS error (core/tolerances.py says why). Rounding lands element by element by luck (diffusers is
-    exact at one element, a correct formula in another order is not): judged against diffusers' error over the
-    output, a correct answer is never failed by one element's luck, while a mistake at a few elements beyond
-    diffusers' worst rounding, or rounding worse everywhere (float16 where diffusers upcasts), still fails.
-    Otherwise the line saying so (and, where every error is within 16× those allowances, that it is precision)."""
+    RMS error within rule.output_rms_factor × diffusers' RMS error (core/tolerances.py says why).
+
+    Rounding lands element by element by luck (diffusers is exact at one element, a correct formula in another
+    order is not): judged against diffusers' error over the output, a correct answer is never failed by one
+    element's luck, while a mistake at a few elements beyond diffusers' worst rounding, or rounding worse
+    everywhere (float16 where diffusers upcasts), still fails. Otherwise the line saying so (and, where every
+    error is within 16× those allowances, that it is precision)."""
     import torch
 
     finite = torch.isfinite(x) & torch.isfinite(theirs)
@@ -248,8 +250,8 @@ def _over_the_output(yours, theirs, x, bad, dtype, rule: ShadowRule) -> str | No
     rms_allowed = rms_factor * theirs_rms
     if not over.any() and mine_rms <= rms_allowed:
         return None
-    line = (f"    3. over the output: {int(over.sum())} element(s) beyond {rule.output_max_factor:g} × diffusers' largest "
-            f"|diffusers − exact| ({_fmt(theirs_max)}) + {rule.ulps:g} ulps; your RMS |yours − exact| "
+    line = (f"    3. over the output: {int(over.sum())} element(s) beyond {rule.output_max_factor:g} × diffusers' "
+            f"largest |diffusers − exact| ({_fmt(theirs_max)}) + {rule.ulps:g} ulps; your RMS |yours − exact| "
             f"{_fmt(mine_rms)}, allowed {_fmt(rms_allowed)} = {rms_factor:g} × diffusers' ({_fmt(theirs_rms)})\n"
             f"  an output passes when every element is within 1 or 2, or the whole output within 3\n")
     if mine_rms <= 16 * rms_allowed and bool((yours[finite] <= 16 * envelope[finite]).all()):
