@@ -520,3 +520,25 @@ def test_a_gpu_check_runs_in_a_sandboxed_runner_that_takes_cuda_tensors(toy):
         '"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n    assert x.is_cuda\n    return x * 2\n')
     result = toy.run("katas/02_remote.py", "-m", "cuda")
     result.assert_outcomes(passed=1)
+
+
+def test_dicts_lists_and_plain_values_changed_in_place_are_named_not_only_tensors():
+    import math
+
+    import torch
+
+    from diffusion_katas.engine.isolation import changed_inputs, fresh
+
+    inputs = dict(cache={"residual": torch.ones(2), "step": 3, "done": False}, history=[torch.zeros(1), 0.5],
+                  nan_entry={"x": math.nan}, scale=7.5)
+    given, pristine = fresh(inputs), fresh(inputs)
+    assert changed_inputs(given, pristine) == []  # untouched, NaN included
+    given["cache"]["step"] = 4
+    given["cache"]["extra"] = 1
+    given["history"].append(torch.ones(1))
+    assert changed_inputs(given, pristine) == ["cache", "history"]  # keys added / a list grown: the container
+    given, pristine = fresh(inputs), fresh(inputs)
+    given["cache"]["step"] = 4
+    given["cache"]["residual"] = torch.zeros(2)  # replaced by another tensor with other values
+    given["history"][1] = "half"
+    assert changed_inputs(given, pristine) == ["cache['residual']", "cache['step']", "history[1]"]

@@ -104,27 +104,42 @@ def versions(value: Any) -> list[int]:
     return []
 
 
+_PLAIN_VALUES = (int, float, complex, str, bytes, bool, type(None))
+
+
 def changed_inputs(given: dict, pristine: dict, before: dict | None = None) -> list[str]:
-    """Names (with index paths) of tensor inputs the learner changed in place.
+    """Names (with index paths) of inputs the learner changed in place: tensors, and the dicts and lists that hold
+    them or plain values (a cache dict written into, a list appended to, an entry replaced).
 
     A tensor counts as changed when its values differ from the untouched copy, or when its version
-    counter moved (an in-place op ran on it, even one that left the values as they were).
+    counter moved (an in-place op ran on it, even one that left the values as they were). A dict counts as
+    changed when its keys do, a list when its length does, and an entry when it is now another kind of value,
+    another plain value (a number, a string), or a tensor with other values.
     """
     import torch
 
     changed = []
 
     def walk(a, b, name):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(
-                    torch.nan_to_num(a), torch.nan_to_num(b)):
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+                    or a.dtype != b.dtype or not torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)):
                 changed.append(name)
-        elif isinstance(a, dict):
-            for k in a:
-                walk(a[k], b.get(k), f"{name}[{k!r}]")
-        elif isinstance(a, (list, tuple)):
-            for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{name}[{i}]")
+        elif isinstance(b, dict):
+            if not isinstance(a, dict) or set(a) != set(b):
+                changed.append(name)
+            else:
+                for k in b:
+                    walk(a[k], b[k], f"{name}[{k!r}]")
+        elif isinstance(b, (list, tuple)):
+            if type(a) is not type(b) or len(a) != len(b):
+                changed.append(name)
+            else:
+                for i, (x, y) in enumerate(zip(a, b)):
+                    walk(x, y, f"{name}[{i}]")
+        elif isinstance(b, _PLAIN_VALUES):
+            if type(a) is not type(b) or (a != b and not (a != a and b != b)):  # NaN stays NaN
+                changed.append(name)
 
     for key in given:
         if before is not None and versions(given[key]) != before[key]:
