@@ -542,3 +542,46 @@ def test_dicts_lists_and_plain_values_changed_in_place_are_named_not_only_tensor
     given["cache"]["residual"] = torch.zeros(2)  # replaced by another tensor with other values
     given["history"][1] = "half"
     assert changed_inputs(given, pristine) == ["cache['residual']", "cache['step']", "history[1]"]
+
+
+UNCOPYABLE_GRADER = '''
+import torch
+
+from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.tolerances import Tol
+
+
+class Stateful:
+    """Scheduler-shaped (the runner copies schedulers before each call), and its copy breaks."""
+
+    config = {}
+
+    def set_timesteps(self, n):
+        pass
+
+    def step(self, *args):
+        pass
+
+    def __deepcopy__(self, memo):
+        raise RuntimeError("this scheduler cannot be copied")
+
+
+apply = Kata("apply", hints=("return x",), no_answer_key="a toy")
+
+
+@apply.check("identity", tol=Tol(1e-6, 0.0, "toy"))
+def _(case, g):
+    x = torch.randn(3, generator=g)
+    return Scenario(inputs=dict(model=Stateful(), x=x), expected=x)
+'''
+
+
+def test_the_graders_own_work_around_a_call_failing_is_never_the_learners_crash(toy):
+    (toy.pytester.path / "graders" / "02_remote.py").write_text(UNCOPYABLE_GRADER)
+    (toy.pytester.path / "katas" / "02_remote.py").write_text('"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n'
+                                                               '    return x\n')
+    result = toy.run("katas/02_remote.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the check's inputs could not be copied: RuntimeError: this scheduler cannot be "
+                                 "copied*"])
+    assert "your function raised" not in result.stdout.str()

@@ -595,6 +595,11 @@ def _lock_closure(lock: CodeLock, untrusted, pending: list):
     return profile, window
 
 
+class GraderError(Exception):
+    """The grader's own work around a learner call failed (copying the inputs, comparing them after): said as the
+    runner's failure, never as the learner's function raising."""
+
+
 def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None = None, used: dict | None = None):
     """Call the learner's function on fresh inputs (inside `lock`, the answer key closed); fail if it
     changed them in place.
@@ -602,11 +607,14 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
     With `meter` (e.g. diffusion_katas.engine.meters.peak_bytes), the call runs as meter(call) after the
     inputs are copied, so copying is not measured, and (measurement, output) is returned.
     """
-    given = fresh(inputs)
+    try:
+        given = fresh(inputs)
+        pristine = fresh(inputs)
+        before = {key: versions(value) for key, value in given.items()}
+    except Exception as exc:  # noqa: BLE001  (the grader's inputs, before any learner code: not the learner's)
+        raise GraderError(f"the check's inputs could not be copied: {type(exc).__name__}: {exc}") from None
     if used is not None:  # the copies the learner got: their generators' states are read after the call
         used.update(given)
-    pristine = fresh(inputs)
-    before = {key: versions(value) for key, value in given.items()}
     elsewhere = OtherThreads()
 
     def call():
@@ -618,7 +626,11 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
         out, spent = lock.run(call, modes=lock.op_modes())
     else:
         out, spent = call()
-    mutated = changed_inputs(given, pristine, before)
+    try:
+        mutated = changed_inputs(given, pristine, before)
+    except Exception as exc:  # noqa: BLE001  (the comparison is the grader's; what it met may be the learner's)
+        raise GraderError(f"the in-place check could not compare the inputs after the call: "
+                          f"{type(exc).__name__}: {exc}") from None
     if mutated:
         raise KataFailure(
             f"`{kata}` changed its input(s) {', '.join(mutated)} in place. The caller still needs them "

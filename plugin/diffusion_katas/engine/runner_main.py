@@ -625,7 +625,7 @@ def _memory_note(exc: BaseException, message: str) -> str:
 def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) -> dict:
     import torch
 
-    from diffusion_katas.engine.isolation import call_learner
+    from diffusion_katas.engine.isolation import GraderError, call_learner
 
     fn = getattr(module, request["function"], None)
     if not callable(fn):
@@ -636,6 +636,8 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
     used: dict = {}
     try:
         result = call_learner(fn, inputs, request["function"], request.get("meter"), lock, used)
+    except GraderError as exc:  # the grader's work around the call: its failure, with its message
+        return {"kind": "grader_error", "message": str(exc)[:MESSAGE_CAP]}
     except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
         return dict(raised(exc, learner_files), called=_called(lock))
     if request.get("meter") is None:
