@@ -178,25 +178,27 @@ def test_the_cases_vary_what_the_lesson_teaches():
     assert any(c["batch"] > 1 for c in cases)
 
 
-CACHE_WRITTEN_INTO = """
-    enc_1, hid_1 = blocks[0](hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
-                             temb=temb, image_rotary_emb=image_rotary_emb)
-    residual = hid_1 - hidden_states
-    compute = cache is None or residual_change(residual, cache["head_residual"]) > threshold
-    if not compute:
-        tail_hid, tail_enc = cache["tail_residuals"]
-        cache["should_compute"] = False  # the caller's dict written into: the right values, the old cache gone
-        return hid_1 + tail_hid, enc_1 + tail_enc, cache
-    hid_n, enc_n = run_blocks(blocks[1:], hid_1, enc_1, temb, image_rotary_emb)
-    new_cache = {"head_residual": residual, "head_output": (hid_1, enc_1),
-                 "tail_residuals": (hid_n - hid_1, enc_n - enc_1), "should_compute": True}
-    return hid_n, enc_n, new_cache
-"""
+def cache_written_into() -> str:
+    """The solution's first_block_cache_step with the skipped call writing into the caller's cache dict: the right
+    values, the old cache gone."""
+    import textwrap
+
+    lines = (REPO / "solutions" / f"{LAB}.py").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def first_block_cache_step("))
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    block = textwrap.dedent("\n".join(lines[begin + 1:end]))
+    skipped = 'return hid_1 + tail_hid, enc_1 + tail_enc, {**cache, "should_compute": False}'
+    line = next((line for line in block.splitlines() if line.strip() == skipped), None)
+    assert line is not None, "the solution's skipped call moved: update this mutant"
+    indent = line[:len(line) - len(line.lstrip())]
+    return block.replace(line, f'{indent}cache["should_compute"] = False\n'
+                               f'{indent}return hid_1 + tail_hid, enc_1 + tail_enc, cache')
 
 
 def test_a_cache_dict_written_into_fails_as_a_changed_input_though_its_values_are_right(grade_mutant):
     # In-place checks cover every mutable input, not only tensors: the dict the caller still holds
-    graded = grade_mutant(LAB, "first_block_cache_step", CACHE_WRITTEN_INTO, "-m", "not budget")
+    graded = grade_mutant(LAB, "first_block_cache_step", cache_written_into(), "-m", "not budget")
     assert graded.status == "failed", graded
     assert "mutated input" in graded.reasons, graded
     assert "changed its input(s) cache['should_compute'] in place" in graded.text, graded.text

@@ -444,6 +444,13 @@ def test_shared_memory_counts_against_the_memory_limit(toy):
     result.assert_outcomes(failed=1)
 
 
+def _lab_02(toy, grader: str, body: str) -> None:
+    """A second toy lab: `grader` as graders/02_remote.py, and katas/02_remote.py's apply(model, x) with `body`."""
+    (toy.pytester.path / "graders" / "02_remote.py").write_text(grader)
+    (toy.pytester.path / "katas" / "02_remote.py").write_text(
+        f'"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n    {body}\n')
+
+
 # A check whose inputs the runner cannot rebuild (a GPU's tensors where CUDA does not start there, say): the
 # runner's failure, said as such, before any learner code ran; never a crash of the learner's function.
 UNLOADABLE_GRADER = '''
@@ -473,9 +480,7 @@ def _(case, g):
 
 
 def test_inputs_the_runner_cannot_load_are_the_runners_failure_not_the_learners(toy):
-    (toy.pytester.path / "graders" / "02_remote.py").write_text(UNLOADABLE_GRADER)
-    (toy.pytester.path / "katas" / "02_remote.py").write_text('"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n'
-                                                               '    return x\n')
+    _lab_02(toy, UNLOADABLE_GRADER, "return x")
     result = toy.run("katas/02_remote.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the check's inputs could not be loaded in the runner: RuntimeError: this input "
@@ -515,9 +520,7 @@ def _(case, g):
 def test_a_gpu_check_runs_in_a_sandboxed_runner_that_takes_cuda_tensors(toy):
     # The runner starts CUDA before its sandbox closes (the driver writes its threads' names under /proc, which
     # Landlock refuses), after a warm parent that never started it (engine/runner.py, engine/runner_main.py).
-    (toy.pytester.path / "graders" / "02_remote.py").write_text(CUDA_GRADER)
-    (toy.pytester.path / "katas" / "02_remote.py").write_text(
-        '"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n    assert x.is_cuda\n    return x * 2\n')
+    _lab_02(toy, CUDA_GRADER, "assert x.is_cuda\n    return x * 2")
     result = toy.run("katas/02_remote.py", "-m", "cuda")
     result.assert_outcomes(passed=1)
 
@@ -577,9 +580,7 @@ def _(case, g):
 
 
 def test_the_graders_own_work_around_a_call_failing_is_never_the_learners_crash(toy):
-    (toy.pytester.path / "graders" / "02_remote.py").write_text(UNCOPYABLE_GRADER)
-    (toy.pytester.path / "katas" / "02_remote.py").write_text('"""Lab 02 · Remote"""\n\n\ndef apply(model, x):\n'
-                                                               '    return x\n')
+    _lab_02(toy, UNCOPYABLE_GRADER, "return x")
     result = toy.run("katas/02_remote.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the check's inputs could not be copied: RuntimeError: this scheduler cannot be "
