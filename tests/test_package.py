@@ -214,14 +214,24 @@ def test_a_learner_copy_made_outside_a_course_copies_the_checkout_the_package_is
 
 @pytest.mark.skipif(not shutil.which("git"), reason="needs git")
 def test_a_plain_install_runs_from_a_course_checkout_never_from_site_packages(tmp_path):
-    """`pip install .` (not -e) into a venv that sees this machine's torch and diffusers: the commands and
+    """`pip install .` (not -e) into a venv that sees this environment's torch and diffusers: the commands and
     the plugin act on the course found from the working directory."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
+    # What the running interpreter imports from (a venv's site-packages, or the system's), the checkout left out:
+    # `--system-site-packages` would see the base interpreter's packages, which inside a venv are not these.
+    outer = [p for p in sys.path if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
+    inner_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    Path(inner_site, "_this_environment.pth").write_text("\n".join(outer) + "\n")
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".kata",
-                                                                ".pytest_cache", "build"))
+    skipped = shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".kata", ".pytest_cache", "build", ".whl")
+
+    def not_copied(folder, names):  # nor a virtual environment kept in the checkout (README: .venv)
+        return set(skipped(folder, names)) | {n for n in names if Path(folder, n, "pyvenv.cfg").is_file()}
+
+    shutil.copytree(REPO, source, ignore=not_copied)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr

@@ -112,12 +112,23 @@ def test_the_package_data_ships_every_file_of_the_weights_folder():
     assert all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)
 
 
+# How far a correct retrain may land from the recorded one: 25 AdamW steps amplify float32 rounding, and the
+# rounding differs with the CPU's kernels. Measured on an AVX-512 machine (ATEN_CPU_CAPABILITY avx512 / avx2 /
+# default, MKL and oneDNN capped at AVX2 and SSE4.2, 1 and 2 threads): worst 1.1e-5 on the measure below; a
+# retrain 1% off in learning rate: 2.3e-2; one step short: 0.15; another seed: 4.3. 1e-3 sits ~100x above the
+# spread of kernels and ~20x below the smallest real change.
+RETRAIN_TOLERANCE = 1e-3
+
+
 def test_the_training_script_reproduces_the_shipped_run_through_its_recorded_checkpoint():
     # The shipped info.json fingerprints the weights after the first CHECKPOINT steps of the run that made
     # them (per parameter tensor: its sum and sum of squares). Retraining that far from the recorded command's
     # seeds must give the same numbers: the weights come from this script, not from somewhere else. (Retraining
     # all 2000 steps gave the shipped safetensors bit for bit, in 210 s on one thread: see the README.)
+    # Each difference is measured against its tensor's scale: a sum against the tensor's L2 norm (a sum near 0
+    # says nothing about how far the weights moved), a sum of squares relative to itself.
     import json
+    import math
 
     info = json.loads((shapes.WEIGHTS / "info.json").read_text())
     recorded = info["checkpoint"]
@@ -125,5 +136,7 @@ def test_the_training_script_reproduces_the_shipped_run_through_its_recorded_che
     mine = shapes.train(None, info["steps"], info["batch"], info["lr"], info["seed"], info["threads"],
                         log=lambda line: None, stop_after=shapes.CHECKPOINT)
     assert len(mine) == len(recorded["fingerprint"])
-    worst = max(abs(a - b) / (1e-6 + abs(b)) for a, b in zip(mine, recorded["fingerprint"]))
-    assert worst < 1e-5, f"the retrained weights differ from the recorded run's: worst relative difference {worst:.2e}"
+    pairs = zip(zip(mine[::2], mine[1::2]), zip(recorded["fingerprint"][::2], recorded["fingerprint"][1::2]))
+    worst = max(max(abs(s - rs) / math.sqrt(rq), abs(q - rq) / rq) for (s, q), (rs, rq) in pairs)
+    assert worst < RETRAIN_TOLERANCE, (f"the retrained weights differ from the recorded run's by {worst:.2e} of "
+                                       f"their scale (CPU kernels differ by ~1e-5; allowed {RETRAIN_TOLERANCE})")

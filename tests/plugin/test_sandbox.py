@@ -403,3 +403,23 @@ def stay_put(x):
     assert not (project / "katas" / "planted.py").exists()
     if sandbox._landlock_abi() == 0:
         pytest.skip("no Landlock in this kernel: the ordinary user's confinement is seccomp and rlimits only")
+
+
+def test_code_below_a_library_folder_is_trusted_unless_that_folder_holds_a_kata_file(tmp_path):
+    # A venv that reads another environment's packages through a .pth file imports libraries from a folder
+    # outside its prefix: the runner trusts the folders it started with. But a folder that holds a kata file
+    # (a course put on the path) is the learner's, and so is every module beside the kata.
+    from diffusion_katas.engine import sandbox
+
+    libs, course = tmp_path / "libs", tmp_path / "course"
+    kata = str(course / "katas" / "01_forward_noise.py")
+    untrusted = sandbox.untrusted_code((str(libs), str(course)), frozenset({kata}))
+
+    def code(filename):
+        return compile("pass", filename, "exec")
+
+    assert not untrusted(code(str(libs / "torch" / "serialization.py")))
+    assert untrusted(code(kata))
+    assert untrusted(code(str(course / "katas" / "helpers.py")))
+    assert untrusted(code(str(tmp_path / "elsewhere.py")))
+    assert untrusted(code("<string>"))

@@ -25,6 +25,9 @@ import struct
 import sys
 import traceback
 
+# Where this interpreter imports libraries from, as it started (-I: the standard library, site-packages and
+# what their .pth files add, the package first), before any grader's path replaces sys.path: library code.
+STARTUP_PATH = tuple(p for p in sys.path if p)
 OUTPUT_CAP = 4000  # characters of a runner's own prints returned with a reply
 MESSAGE_CAP = 2000  # characters of an exception's message
 FRAMES_CAP = 12  # traceback frames kept (the learner's, or the last ones)
@@ -559,7 +562,8 @@ def _prepare_runners(plan: bool = True) -> None:
     if plan or sandbox.plan() is None:
         from diffusion_katas.engine.isolation import plain_modules
 
-        sandbox.prepare(_SCRATCH[0] if _SCRATCH else "", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sandbox.prepare(_SCRATCH[0] if _SCRATCH else "", os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        library_paths=STARTUP_PATH)
         plain_modules()
     _START_SIZE[:] = [_address_space()]
 

@@ -127,11 +127,13 @@ _PLAN: list[Plan] = []
 _STATUS: list = []  # the layers this runner entered (Status), for the notes on refusals
 
 
-def prepare(scratch: str, package_dir: str, extra_reads: list[str] = ()) -> Plan:
-    """The warm parent's part, once: the allow-list, the box, the scratch folder (created here)."""
+def prepare(scratch: str, package_dir: str, extra_reads: list[str] = (), library_paths: tuple[str, ...] = ()) -> Plan:
+    """The warm parent's part, once: the allow-list, the box, the scratch folder (created here). `library_paths`:
+    the folders the interpreter imported libraries from as it started (a .pth file's additions among them: a
+    venv that reads another environment's packages), read and trusted as the Python trees are."""
     import resource  # noqa: F401  (imported here so that a runner does not read it after it is confined)
 
-    python = _python_trees()
+    python = _python_trees() | {p for p in library_paths if os.path.isdir(p)}
     library = python | {package_dir}
     reads = set(library) | {t for t in SYSTEM_TREES if os.path.isdir(t)} | _mapped_trees()
     reads |= {os.path.join("/etc", name) for name in ETC_FILES if os.path.exists(os.path.join("/etc", name))}
@@ -566,7 +568,9 @@ _ALWAYS = frozenset({"sys.setprofile", "sys.settrace", "sys.monitoring.register_
 def untrusted_code(library_roots: tuple[str, ...], learner_files: frozenset[str]):
     """Whether a code object is learner code: a kata file's, or any whose file is not below the libraries', the
     package's or the graders' roots (code compiled from a string included). Read once per code object."""
-    roots = tuple(r.rstrip("/") + "/" for r in library_roots if not r.startswith("<")) + ("<frozen ",)
+    roots = tuple(r.rstrip("/") + "/" for r in library_roots if not r.startswith("<"))
+    # a folder that holds a kata file is never a library's, whatever path leads to it
+    roots = tuple(r for r in roots if not any(f.startswith(r) for f in learner_files)) + ("<frozen ",)
     import operator
 
     name_of = operator.attrgetter("co_qualname" if sys.version_info >= (3, 11) else "co_name")
