@@ -6,6 +6,8 @@ the solution file, swaps one function's solution block for the given body, and r
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +121,19 @@ def write_lab(graders_loaded, pytester: pytest.Pytester):
         return katas / f"{lab}.py"
 
     return write
+
+
+@pytest.fixture
+def fresh_venv(tmp_path):
+    """A fresh venv (its python returned) that imports what this environment has (torch, diffusers, pytest, pip,
+    setuptools), the checkout left out: what a fresh `pip install` would give it, without the downloads.
+    `--system-site-packages` would see the base interpreter's packages, which inside a venv are not these."""
+    folder = tmp_path / "venv"
+    # without pip (and the old setuptools it brings): this environment's pip and setuptools serve it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=300)
+    python = folder / "bin" / "python"
+    outer = [p for p in sys.path if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
+    inner_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    Path(inner_site, "_this_environment.pth").write_text("\n".join(outer) + "\n")
+    return python

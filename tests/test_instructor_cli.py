@@ -547,7 +547,11 @@ def test_run_autograder_still_writes_a_zero_score_when_its_own_program_fails(tmp
 
 
 # ---- GitHub Classroom ----------------------------------------------------------------------------------------------
-def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tmp_path):
+def workflow_steps(path: Path) -> list[dict]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))["jobs"]["run-autograding-tests"]["steps"]
+
+
+def test_the_classroom_workflow_has_one_test_per_kata_function_worth_its_points(tmp_path):
     assert cli.main(["classroom", "--out", str(tmp_path / ".github")]) == 0
     path = tmp_path / ".github" / "workflows" / "classroom.yml"
     workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -558,19 +562,29 @@ def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tm
     assert job["runs-on"] == "ubuntu-latest"
     steps = job["steps"]
     assert steps[0]["uses"] == "actions/checkout@v4"
+    names = [s.get("name") for s in steps]
+    # the check comes before anything of the repository's runs: installing it runs its build
+    check = names.index("Check the grading files are the instructor's")
+    install = next(i for i, s in enumerate(steps) if "pip install" in s.get("run", ""))
+    grade = next(i for i, s in enumerate(steps) if "--kata-json" in s.get("run", ""))
+    assert check < install < grade
+    assert " -e " not in steps[install]["run"]  # a wheel: no folder of the repository on Python's path
+    assert "python -I -m pytest --noconftest" in steps[grade]["run"] and "|| true" in steps[grade]["run"]
     tests = [s for s in steps if s.get("uses") == "classroom-resources/autograding-command-grader@v1"]
     labs = [p.stem for p in sorted((REPO / "graders").glob("[0-9][0-9]_*.py"))]
+    expected = [(lab, function, points) for lab in labs for function, points in grader_functions(lab)]
     assert [t["with"]["command"] for t in tests] == [
-        f"python -m pytest --noconftest -p no:cacheprovider -c .github/kata-grading.ini --rootdir . katas/{lab}.py"
-        for lab in labs]
-    check = next(s for s in steps if s.get("name") == "Check the grading files are the instructor's")
-    assert "sha256sum --check --strict" in check["run"] and all(f"graders/{lab}.py" in check["run"] for lab in labs)
-    for lab, test in zip(labs, tests):
-        assert test["with"]["max-score"] == sum(points for _, points in grader_functions(lab))
-        assert test["with"]["test-name"] and 1 <= test["with"]["timeout"] <= 60
+        f"python -I -m diffusion_katas classroom-result .kata-grade/results.json {lab} {function}"
+        for lab, function, _ in expected]
+    assert [t["with"]["max-score"] for t in tests] == [points for _, _, points in expected]
+    assert all(t["with"]["test-name"].endswith(f" · {function}") for t, (_, function, _) in zip(tests, expected))
+    run = steps[check]["run"]
+    assert "sha256sum --check --strict" in run and all(f"graders/{lab}.py" in run for lab in labs)
+    assert "plugin/diffusion_katas/engine/runner.py" in run and "pyproject.toml" in run
     reporter = steps[-1]
     assert reporter["uses"] == "classroom-resources/autograding-grading-reporter@v1"
     ids = [t["id"] for t in tests]
+    assert len(set(ids)) == len(ids)
     assert reporter["with"]["runners"] == ",".join(ids)
     assert reporter["env"] == {f"{i.upper()}_RESULTS": f"${{{{steps.{i}.outputs.result}}}}" for i in ids}
     # written again unchanged: fine; a different file is kept unless --force
@@ -581,32 +595,74 @@ def test_the_classroom_workflow_has_one_command_test_per_lab_worth_its_points(tm
     assert cli.main(["classroom", "--out", str(tmp_path / ".github"), "--force"]) == 0
 
 
-def test_the_classroom_command_ignores_the_learners_conftest_and_config_and_the_check_catches_a_changed_grader(
-        tmp_path):
+def test_the_classroom_workflow_run_in_a_learner_copy_gives_credit_by_function_whatever_the_repository_holds(
+        tmp_path, fresh_venv):
+    # The workflow's own commands, run in order as the Classroom runner runs them, in a template made by
+    # `kata learner-copy` (with the workflow committed to it), in a fresh venv. The one change: the install step's
+    # dependencies come from this environment (no downloads in a test).
+    import os
     import subprocess
 
-    import yaml
-
-    repo = course_copy(tmp_path)
+    repo = tmp_path / "template"
+    assert subprocess.run([sys.executable, "-m", "diffusion_katas", "learner-copy", str(repo), "--labs", LAB,
+                           "--root", str(REPO)], capture_output=True, timeout=300).returncode == 0
     assert cli.main(["classroom", "--out", str(repo / ".github"), "--labs", LAB, "--root", str(repo)]) == 0
-    steps = yaml.safe_load((repo / ".github" / "workflows" / "classroom.yml").read_text())["jobs"][
-        "run-autograding-tests"]["steps"]
-    command = next(s for s in steps if s.get("uses", "").startswith("classroom-resources/autograding-command"))["with"]["command"]
-    check = next(s for s in steps if s.get("name") == "Check the grading files are the instructor's")["run"]
-    # what the learner's repository can hold: a conftest.py that passes everything, and pytest settings of its own
-    (repo / "conftest.py").write_text("import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
-                                      "def pytest_sessionfinish(session, exitstatus):\n    session.exitstatus = 0\n"
-                                      "def pytest_collection_modifyitems(items):\n    items.clear()\n")
+    steps = workflow_steps(repo / ".github" / "workflows" / "classroom.yml")
+    env = dict(os.environ, PATH=f"{fresh_venv.parent}{os.pathsep}{os.environ['PATH']}")
+
+    def run(command):
+        return subprocess.run(["bash", "-c", command], cwd=repo, capture_output=True, text=True, timeout=600,
+                              env=env)
+
+    # the learner: every function right but velocity (redefined as a TODO at the end of the file)
+    (repo / "katas" / f"{LAB}.py").write_text(SOLUTION + "\n\ndef velocity(*args, **kwargs):\n"
+                                              "    raise NotImplementedError\n", encoding="utf-8")
+    # and what a learner's repository can hold besides: a conftest.py that passes everything, a pytest.py and a
+    # diffusion_katas/ that stand in for the real ones, a sitecustomize.py, a report claiming full marks
+    (repo / "conftest.py").write_text("def pytest_collection_modifyitems(items):\n    items.clear()\n")
+    (repo / "pytest.py").write_text("raise SystemExit(0)\n")
+    (repo / "diffusion_katas").mkdir()
+    (repo / "diffusion_katas" / "__init__.py").write_text("raise SystemExit(0)\n")
+    (repo / "diffusion_katas" / "__main__.py").write_text("raise SystemExit(0)\n")
+    for folder in (repo, repo / "plugin"):
+        (folder / "sitecustomize.py").write_text("raise SystemExit(0)\n")
+    (repo / ".kata-grade").mkdir()
+    (repo / ".kata-grade" / "results.json").write_text(json.dumps({"labs": [{"lab": LAB, "functions": [
+        {"name": name, "status": "passed"} for name, _ in grader_functions(LAB)]}]}))
+
+    awarded = {}
+    for step in steps[2:-1]:
+        if "run" in step:
+            command = step["run"]
+            if "pip install" in command:  # this environment's dependencies; the project itself as a wheel
+                command = "python -m pip install -q --no-deps --no-build-isolation ."
+            done = run(command)
+            assert done.returncode == 0, (step["name"], done.stdout[-3000:], done.stderr[-3000:])
+        else:
+            done = run(step["with"]["command"])
+            awarded[step["with"]["test-name"].split(" · ")[-1]] = step["with"]["max-score"] * (done.returncode == 0)
+    expected = {name: points * (name != "velocity") for name, points in grader_functions(LAB)}
+    assert awarded == expected
+
+    # a grading file changed: the check fails, before anything is installed or graded
+    with open(repo / "plugin" / "diffusion_katas" / "engine" / "comparison.py", "a") as engine:
+        engine.write("\n# the learner's edit\n")
     with open(repo / "pyproject.toml", "a") as pyproject:
         pyproject.write("\n# the learner's edit\n")
-    assert command.startswith("python -m pytest ")
-    done = subprocess.run([sys.executable, *command.split()[1:]], cwd=repo, capture_output=True, text=True,
-                          timeout=600)  # this interpreter for the workflow's `python`
-    assert done.returncode == 1, done.stdout[-2000:]  # every function TODO: the lab's points are not awarded
-    assert "6 todo" in done.stdout
-    checked = subprocess.run(["bash", "-c", check], cwd=repo, capture_output=True, text=True)
-    assert checked.returncode != 0 and "pyproject.toml: FAILED" in checked.stdout
-    with open(repo / "graders" / f"{LAB}.py", "a") as grader:
-        grader.write("\n# the learner's edit\n")
-    checked = subprocess.run(["bash", "-c", check], cwd=repo, capture_output=True, text=True)
-    assert f"graders/{LAB}.py: FAILED" in checked.stdout
+    check = next(s for s in steps if s.get("name") == "Check the grading files are the instructor's")["run"]
+    checked = run(check)
+    assert checked.returncode != 0
+    assert "comparison.py: FAILED" in checked.stdout and "pyproject.toml: FAILED" in checked.stdout
+
+
+def test_a_classroom_result_without_a_report_or_for_an_ungraded_function_awards_nothing(tmp_path, capsys):
+    assert cli.main(["classroom-result", str(tmp_path / "missing.json"), LAB, "velocity"]) == 1
+    assert "did not finish" in capsys.readouterr().out
+    report = tmp_path / "results.json"
+    report.write_text(json.dumps({"labs": [{"lab": LAB, "functions": [{"name": "velocity", "status": "failed"}]}],
+                                  "results": [{"lab": LAB, "function": "velocity", "check": "vs x",
+                                               "status": "failed", "message": "worst element 3.0"}]}))
+    assert cli.main(["classroom-result", str(report), LAB, "velocity"]) == 1
+    assert "vs x: failed  worst element 3.0" in capsys.readouterr().out
+    assert cli.main(["classroom-result", str(report), LAB, "add_noise"]) == 1
+    assert "was not graded" in capsys.readouterr().out

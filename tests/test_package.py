@@ -178,12 +178,44 @@ def kata(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600, stdin=subprocess.DEVNULL)
 
 
+def code_lines(lines) -> str:
+    """Lines of code, as a run: stripped, blank and comment lines left out, inner whitespace collapsed."""
+    import re
+
+    return "\n".join(re.sub(r"\s+", " ", c.strip()) for c in lines if c.strip() and not c.strip().startswith("#"))
+
+
+def assert_no_solution_in(folder: Path) -> None:
+    """No file under `folder` holds a solution block of any lab (its lines of code, as a run)."""
+    from diffusion_katas.core.derive import BEGIN, END
+
+    blocks = []
+    for solution in sorted((REPO / "solutions").glob("[0-9][0-9]_*.py")):
+        inside = None
+        for line in solution.read_text(encoding="utf-8").splitlines():
+            if BEGIN.match(line):
+                inside = []
+            elif END.match(line):
+                blocks.append((solution.name, code_lines(inside)))
+                inside = None
+            elif inside is not None:
+                inside.append(line)
+    assert len(blocks) > 50
+    texts = {p: code_lines(p.read_text(encoding="utf-8", errors="replace").splitlines())
+             for p in folder.rglob("*") if p.is_file()}
+    for name, run in blocks:
+        if "\n" not in run:  # a one-line answer is the last hint tier's, which the graders show on purpose
+            continue
+        found = [str(p.relative_to(folder)) for p, text in texts.items() if run in text]
+        assert not found, f"a solution block of {name} is in {found}: {run[:200]}"
+
+
 def test_a_learner_copy_grades_resets_and_explains_with_no_solutions_in_it(tmp_path):
     copy = tmp_path / "course"
     made = kata(REPO, "learner-copy", str(copy), "--labs", "01")
     assert made.returncode == 0, made.stderr
     assert not (copy / "solutions").exists()
-    assert not any("BEGIN SOLUTION" in p.read_text(encoding="utf-8") for p in copy.rglob("*.py"))
+    assert_no_solution_in(copy)
     assert (copy / "katas" / "01_forward_noise.py").read_text(encoding="utf-8") == \
         (REPO / "katas" / "01_forward_noise.py").read_text(encoding="utf-8")
 
@@ -203,6 +235,42 @@ def test_a_learner_copy_grades_resets_and_explains_with_no_solutions_in_it(tmp_p
     assert explained.returncode == 0 and "Traps:" in explained.stdout, explained.stderr
 
 
+def test_a_learner_copy_installs_in_a_fresh_venv_with_its_readmes_line_and_grades_there(tmp_path, fresh_venv):
+    # What a Classroom template or a workshop's USB stick holds: it installs on its own (its pyproject.toml, the
+    # engine's source), and grades with the engine it carries, not the checkout's.
+    copy = tmp_path / "course"
+    made = kata(REPO, "learner-copy", str(copy), "--labs", "01")
+    assert made.returncode == 0, made.stderr
+    assert_no_solution_in(copy)
+    assert (copy / "pyproject.toml").read_bytes() == (REPO / "pyproject.toml").read_bytes()
+    readme = (copy / "README.md").read_text(encoding="utf-8")
+    assert "python3 -m venv .venv" in readme and "python -m pip install -e . && python -m pytest katas" in readme
+
+    python = fresh_venv
+    venv = python.parent.parent
+    # the README's line, but with the dependencies this environment already has (no downloads in a test)
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
+                          cwd=copy, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    where = subprocess.run([str(python), "-c", "import diffusion_katas; print(diffusion_katas.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert where.stdout.strip().startswith(str(copy / "plugin")), where.stdout + where.stderr
+
+    graded = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=copy,
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert graded.returncode == 1 and " todo" in graded.stdout and " failed" not in graded.stdout, graded.stdout
+    # a learner's correct answers pass there
+    kata_file = copy / "katas" / "01_forward_noise.py"
+    kata_file.write_text((REPO / "solutions" / "01_forward_noise.py").read_text(encoding="utf-8"), encoding="utf-8")
+    graded = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=copy,
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert graded.returncode == 0 and "every visible check passes" in graded.stdout, graded.stdout
+    progress = subprocess.run([str(venv / "bin" / "kata"), "progress"], cwd=copy, capture_output=True, text=True,
+                              timeout=300, env=env)
+    assert progress.returncode == 0 and "01_forward_noise   6/6" in progress.stdout, progress.stdout + progress.stderr
+
+
 def test_a_learner_copy_made_outside_a_course_copies_the_checkout_the_package_is_installed_from(tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -213,18 +281,11 @@ def test_a_learner_copy_made_outside_a_course_copies_the_checkout_the_package_is
 
 
 @pytest.mark.skipif(not shutil.which("git"), reason="needs git")
-def test_a_plain_install_runs_from_a_course_checkout_never_from_site_packages(tmp_path):
+def test_a_plain_install_runs_from_a_course_checkout_never_from_site_packages(tmp_path, fresh_venv):
     """`pip install .` (not -e) into a venv that sees this environment's torch and diffusers: the commands and
     the plugin act on the course found from the working directory."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
-    # What the running interpreter imports from (a venv's site-packages, or the system's), the checkout left out:
-    # `--system-site-packages` would see the base interpreter's packages, which inside a venv are not these.
-    outer = [p for p in sys.path if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
-    inner_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    Path(inner_site, "_this_environment.pth").write_text("\n".join(outer) + "\n")
+    python = fresh_venv
+    venv = python.parent.parent
     source = tmp_path / "source"
     skipped = shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".kata", ".pytest_cache", "build", ".whl")
 

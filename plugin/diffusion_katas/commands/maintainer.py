@@ -1,10 +1,14 @@
 """Maintainer commands of `kata`: derive the katas from the solutions, and build a learner's copy.
 
     kata derive [LAB...] [--check]   rewrite katas/ from solutions/ (or only report drift)
-    kata learner-copy OUT            a course for learners: katas/, graders/, pristine/, a README; no solutions/
+    kata learner-copy OUT            a course for learners that installs on its own: katas/, graders/,
+                                     pristine/, the engine's source, pyproject.toml, a README; no solutions/
 
 The instructor's checkout keeps solutions/ as the single source of truth; a learner's copy carries the
-untouched katas in pristine/ instead, so `kata reset` works there without a single solution in it.
+untouched katas in pristine/ instead, so `kata reset` works there without a single solution in it. The copy is
+what a Classroom template repository or a workshop's USB stick holds: it installs with the same two lines as the
+checkout (a venv, `pip install -e .`), from the course's own pyproject.toml and the engine's source in plugin/,
+so it needs no registry the course is not on.
 """
 from __future__ import annotations
 
@@ -23,9 +27,17 @@ Learn how diffusion inference really works by writing it. Each file in `katas/` 
 diffusers and peft implementations, on fresh seeded inputs, and tells you what is wrong and where.
 
 ```bash
-python3 -m pip install diffusion-katas        # or: pip install -e <the course's source checkout>
-python3 -m pytest katas                       # grade every lab (all TODO at first)
-python3 -m pytest katas/01_forward_noise.py   # grade one lab
+# once: a virtual environment (Python >= 3.10), then in each new shell: . .venv/bin/activate
+python3 -m venv .venv && . .venv/bin/activate
+# set up, then grade every lab (all TODO at first; the run exits non-zero until all pass)
+python -m pip install -e . && python -m pytest katas
+```
+
+On Linux without an NVIDIA GPU, install with PyTorch's CPU wheels instead (the default pulls 2+ GB of CUDA):
+`python -m pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .`
+
+```bash
+python -m pytest katas/01_forward_noise.py   # grade one lab
 kata watch 01      # re-grade on every save          kata hint       # the next hint tier
 kata progress      # every lab and the next TODO     kata reset 01   # restore a kata (keeps a backup)
 kata explain 01    # read the lab's lesson
@@ -35,19 +47,11 @@ The labs:
 
 {labs}
 
-`graders/` holds what grades each lab (do not edit it: your instructor grades with their own copy);
-`pristine/` holds the untouched katas that `kata reset` restores.
+`graders/` holds what grades each lab and `plugin/` the grading engine (do not edit them: your instructor
+grades with their own copies); `pristine/` holds the untouched katas that `kata reset` restores.
 """
 
-PYTEST_INI = """\
-# A diffusion-katas course for learners, built by `kata learner-copy`.
-[pytest]
-testpaths = katas
-filterwarnings =
-    ignore::FutureWarning
-    ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning
-"""
-
+GITIGNORE = ".kata/\n__pycache__/\n.pytest_cache/\n*.egg-info/\nbuild/\n.venv/\n"
 
 class MaintainerError(Exception):
     def __init__(self, message: str, code: int = 2):
@@ -93,6 +97,9 @@ def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise MaintainerError(f"{out} is not empty: choose a new folder for the learner's copy")
+    pyproject = course.root / "pyproject.toml"
+    if not pyproject.is_file():
+        raise MaintainerError(f"{course.rel(pyproject)} is missing: the copy installs from the course's own")
     chosen = [lab for lab in course.graded_labs() if not labs or lab in labs]
     if not chosen:
         raise MaintainerError("no graded lab to copy")
@@ -106,10 +113,13 @@ def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None)
         (out / "katas" / f"{lab}.py").write_text(pristine, encoding="utf-8")
         (out / "pristine" / f"{lab}.py").write_text(pristine, encoding="utf-8")
         shutil.copyfile(course.grader(lab), out / "graders" / f"{lab}.py")
+    # the engine, as this command runs it (its source: the pyproject builds it from plugin/, as the checkout's does)
+    shutil.copytree(Path(__file__).resolve().parents[1], out / "plugin" / "diffusion_katas",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    shutil.copyfile(pyproject, out / "pyproject.toml")  # the pins, the `kata` command, the plugin, pytest's settings
     rows = "\n".join(f"- `katas/{lab}.py`: {course.title(lab)}" for lab in chosen)
     (out / "README.md").write_text(LEARNER_README.format(title="Diffusion katas", labs=rows), encoding="utf-8")
-    (out / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
-    (out / ".gitignore").write_text(".kata/\n__pycache__/\n.pytest_cache/\n", encoding="utf-8")
+    (out / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
     return chosen
 
 
@@ -132,7 +142,7 @@ def cmd_learner_copy(args) -> int:
     labs = [course.resolve_lab(name) for value in (args.labs or []) for name in value.split(",") if name.strip()]
     chosen = build_learner_copy(course, Path(args.out), labs)
     print(f"wrote a learner's copy of {len(chosen)} lab(s){found} to {args.out} (no solutions in it): "
-          f"cd {args.out} && python3 -m pytest katas")
+          f"cd {args.out}, then its README's two lines (a venv; pip install -e . and pytest)")
     return 0
 
 
@@ -158,7 +168,9 @@ def add_commands(commands) -> None:
 
     p = commands.add_parser("learner-copy", help="build a learner's copy of the course (no solutions in it)",
                             description="Write OUT with katas/ (all TODO), graders/, pristine/ (for `kata reset`), "
-                                        "a README for learners and a pytest.ini; solutions/ is left out.")
+                                        "the engine's source in plugin/, the course's pyproject.toml and a README "
+                                        "for learners: a project that installs on its own; solutions/ is left "
+                                        "out.")
     p.add_argument("out", metavar="OUT", help="a new (or empty) folder")
     p.add_argument("--labs", action="append", metavar="LABS", help="only these labs (numbers or names, comma lists)")
     p.add_argument("--root", default=None, help="the course folder (default: found from the working directory, else "

@@ -4,7 +4,7 @@
                                              class.csv, checks.csv, class.md, class.json, gradescope/
     kata gradescope-bundle --out autograder.zip
                                              a Gradescope autograder (setup.sh, run_autograder, project/)
-    kata classroom [--out .github]           a GitHub Classroom autograding workflow, one test per lab
+    kata classroom [--out .github]           a GitHub Classroom autograding workflow, one test per kata function
     kata autograde --project P --submission S --results R
                                              what a bundle's run_autograder calls for one submission
 
@@ -24,7 +24,7 @@ from diffusion_katas.core.course import Course, CourseNotFound
 from diffusion_katas.commands.instructor.bundle import DEFAULT_AUTOGRADER_TIMEOUT, autograde, write_bundle
 from diffusion_katas.commands.instructor.catalog import InstructorError, load_catalog, number_text, select_labs
 from diffusion_katas.commands.instructor.classgrade import DEFAULT_CLASS_TIMEOUT, DEFAULT_JOBS, grade_class
-from diffusion_katas.commands.instructor.classroom import write_workflow
+from diffusion_katas.commands.instructor.classroom import classroom_result, write_workflow
 from diffusion_katas.commands.instructor.hidden import load_hidden
 from diffusion_katas.core.results import validate_gradescope  # noqa: F401  (the results.json check, offered here too)
 
@@ -103,8 +103,13 @@ def cmd_classroom(args) -> int:
     catalog = load_catalog(course, labs)
     path = Path(args.out) / "workflows" / "classroom.yml"
     write_workflow(path, catalog, args.python, args.timeout_minutes, args.force, course)
-    print(f"wrote {path}: {len(labs)} test(s), {number_text(catalog.points())} points in all")
+    print(f"wrote {path}: {len(catalog.all_functions())} test(s), one per kata function of {len(labs)} lab(s), "
+          f"{number_text(catalog.points())} points in all")
     return 0
+
+
+def cmd_classroom_result(args) -> int:
+    return classroom_result(args.report, args.lab, args.function)
 
 
 # ---- the parser --------------------------------------------------------------------------------------------
@@ -177,17 +182,28 @@ def add_commands(commands) -> None:
     p.set_defaults(run=_guarded(cmd_gradescope_bundle))
 
     p = commands.add_parser(
-        "classroom", help="write a GitHub Classroom autograding workflow (one test per lab)",
-        description="Write OUT/workflows/classroom.yml: one classroom-resources/autograding-command-grader test "
-                    "per lab (`python -m pytest katas/NN_lab.py`, max-score = the lab's points) and the "
-                    "autograding-grading-reporter step.")
+        "classroom", help="write a GitHub Classroom autograding workflow (one test per kata function)",
+        description="Write OUT/workflows/classroom.yml and OUT/kata-grading.ini: a check that the grading files "
+                    "are the instructor's, one grading of every lab, then one "
+                    "classroom-resources/autograding-command-grader test per kata function (max-score = its "
+                    "points) and the autograding-grading-reporter step.")
     p.add_argument("--out", default=".github", metavar="DIR", help="the .github folder (default .github)")
     p.add_argument("--python", default="3.11", help="Python version for actions/setup-python (default 3.11)")
-    p.add_argument("--timeout-minutes", type=int, default=10, help="per-lab limit in minutes (default 10)")
+    p.add_argument("--timeout-minutes", type=int, default=10, help="per-lab limit in minutes (default 10): the "
+                   "grading step may take this times the number of labs, at most 360")
     p.add_argument("--force", action="store_true", help="overwrite an existing, different classroom.yml")
     _labs_option(p, "include")
     p.add_argument("--root", default=None, help="the course folder (default: found from the working directory)")
     p.set_defaults(run=_guarded(cmd_classroom))
+
+    p = commands.add_parser(
+        "classroom-result", help="one kata function's test in the Classroom workflow (exit 0 when it passes)",
+        description="Read the workflow's grading report (--kata-json) and exit 0 when LAB's FUNCTION passes, "
+                    "else 1, saying which checks failed.")
+    p.add_argument("report", type=Path, help="the grading report")
+    p.add_argument("lab", help="the lab's file stem, e.g. 01_forward_noise")
+    p.add_argument("function", help="the kata function")
+    p.set_defaults(run=_guarded(cmd_classroom_result))
 
     p = commands.add_parser(
         "autograde", help="grade one Gradescope submission and write results.json (run_autograder calls it)",
