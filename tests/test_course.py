@@ -89,6 +89,35 @@ def test_each_lab_grades_exactly_the_functions_its_solution_defines(lab):
 
 
 @pytest.mark.parametrize("lab", LABS)
+def test_an_untouched_labs_todo_stubs_are_read_without_grading_and_are_its_graded_functions(lab):
+    from diffusion_katas.core.course import Course
+
+    assert Course(REPO).untouched_todos(lab) == [k.name for k in graded_functions(lab)]
+
+
+def test_a_function_edited_is_no_longer_an_untouched_stub_and_a_comment_changes_nothing(tmp_path):
+    import shutil
+
+    from diffusion_katas.core.course import Course
+
+    lab = "01_forward_noise"
+    for folder in ("katas", "graders", "solutions"):
+        (tmp_path / folder).mkdir()
+        shutil.copyfile(REPO / folder / f"{lab}.py", tmp_path / folder / f"{lab}.py")
+    kata = tmp_path / "katas" / f"{lab}.py"
+    text = kata.read_text(encoding="utf-8")
+    first, second = [k.name for k in graded_functions(lab)][:2]
+    start = text.index(f"def {first}(")
+    stub = text.index("raise NotImplementedError", start)
+    kata.write_text(text[:stub] + "# thinking...\n    " + text[stub:], encoding="utf-8")
+    assert Course(tmp_path).untouched_todos(lab)[:2] == [first, second]
+    kata.write_text(text[:stub] + "return None  # " + text[stub:], encoding="utf-8")
+    assert Course(tmp_path).untouched_todos(lab)[0] == second
+    kata.write_text(text + "\ndef oops(:\n", encoding="utf-8")
+    assert Course(tmp_path).untouched_todos(lab) == []
+
+
+@pytest.mark.parametrize("lab", LABS)
 def test_each_kata_function_has_three_hint_tiers_a_trap_and_an_answer_key_or_a_reason(lab):
     from diffusion_katas.engine.isolation import _targets
 

@@ -241,6 +241,29 @@ def test_progress_cached_prints_the_last_report_without_grading(graded, capsys, 
     assert table == [line for line in done.stdout.splitlines() if line.startswith("  ")]
 
 
+def test_progress_on_an_untouched_lab_reads_its_todos_and_grades_nothing_until_a_function_is_written(
+        tmp_path, capsys, monkeypatch):
+    root = make_root(tmp_path)
+    monkeypatch.setattr(learner, "grade", lambda *a, **k: pytest.fail("an untouched lab must not be graded"))
+    code, out, err = run(capsys, "progress", "--root", str(root))
+    assert code == 0, err
+    assert "1 untouched lab(s) read as TODO, nothing graded" in out
+    assert re.search(rf"{LAB}\s+0/6\s+\.{{6}}\s+next: {FIRST} \(TODO\)", out), out
+    code, out, err = run(capsys, "hint", "--root", str(root))
+    assert code == 0 and f"{LAB} · `{FIRST}`" in out, err
+    # a comment is not code: still untouched
+    kata_file = root / "katas" / f"{LAB}.py"
+    kata_file.write_text(kata_file.read_text(encoding="utf-8") + "\n# my notes\n", encoding="utf-8")
+    assert run(capsys, "progress", "--root", str(root))[0] == 0
+    # a function written: the lab is graded
+    get_first_function_wrong(root)
+    calls = []
+    monkeypatch.setattr(learner, "grade", lambda *a, **k: calls.append(a) or pytest.fail("graded"))
+    with pytest.raises(pytest.fail.Exception, match="graded"):
+        run(capsys, "progress", "--root", str(root))
+    assert calls and calls[0][1:] == (f"katas/{LAB}.py", "--continue-on-collection-errors")
+
+
 def test_progress_cached_before_any_grading_says_how_to_get_a_report(tmp_path, capsys):
     code, _, err = run(capsys, "progress", "--cached", "--root", str(make_root(tmp_path)))
     assert code == 1
@@ -286,6 +309,14 @@ def test_hint_for_a_named_function_finds_its_lab_without_a_report(tmp_path, caps
     code, _, err = run(capsys, "hint", "add_nose", "--lab", "01", "--root", str(root))
     assert code == 2
     assert "its functions are: scaled_linear_betas, cosine_betas" in err
+
+
+def test_hint_given_a_lab_number_shows_that_labs_current_todo(tmp_path, capsys):
+    root = make_root(tmp_path)
+    for lab in ("01", LAB):
+        code, out, err = run(capsys, "hint", lab, "--root", str(root))
+        assert code == 0, err
+        assert f"{LAB} · `{FIRST}`" in out and "hint 1 (nudge): " in out
 
 
 def test_hint_for_a_function_two_labs_grade_asks_for_the_lab(graded, tmp_path, capsys):
@@ -391,3 +422,13 @@ def test_a_bad_command_prints_the_usage_and_the_commands():
     assert done.returncode == 2
     assert "usage: kata" in done.stderr
     assert all(name in done.stderr for name in ("watch", "progress", "hint", "reset", "explain"))
+
+
+def test_bare_kata_prints_its_help_and_kata_version_its_version():
+    from importlib import metadata
+
+    done = kata()
+    assert done.returncode == 0, done.stderr
+    assert "usage: kata" in done.stdout and all(name in done.stdout for name in ("watch", "progress", "hint"))
+    done = kata("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"kata (diffusion-katas) {metadata.version('diffusion-katas')}"

@@ -91,6 +91,19 @@ def test_see_on_a_todo_kata_says_which_function_to_write(course):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is still TODO" in done.stdout and "katas/05_sampling_loop.py" in done.stdout
     assert not (course / "see.png").exists()
+    # read from the untouched file: no runner started, nothing drawn (the drawing's header line never printed)
+    assert done.stdout.startswith("kata see 05_sampling_loop: `initial_noise` is still TODO"), done.stdout
+
+
+def test_see_with_the_solutions_keeps_its_picture_apart_from_the_learners(course):
+    from diffusion_katas.commands.learner.report import pictures
+    from diffusion_katas.core.course import Course
+
+    done = kata_see(course, "01", "--solutions")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (course / ".kata" / "see" / "solutions" / "01_forward_noise.png").is_file()
+    assert not (course / ".kata" / "see" / "01_forward_noise.png").exists()
+    assert pictures(Course(course)) == {}  # the report shows the learner's pictures only
 
 
 def test_see_runs_the_learners_code_in_a_process_of_its_own(course):

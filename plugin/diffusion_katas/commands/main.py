@@ -19,18 +19,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kata", description="Diffusion katas: grade, watch, hint, reset, explain; "
                                      "for instructors: grade a class, build a Gradescope autograder; for "
                                      "maintainers: derive the katas, build a learner's copy.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"kata (diffusion-katas) {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     learner.add_commands(commands)
     instructor.add_commands(commands)
     maintainer.add_commands(commands)
     return parser
 
 
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("diffusion-katas")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if args.command is None:  # bare `kata`: what it can do
+                parser.print_help()
+                return 0
             return int(args.run(args) or 0)
         finally:
             sys.stdout.flush()  # here, where a reader that left is caught, not at interpreter exit

@@ -153,6 +153,42 @@ def changed_labs(course: Course, report: dict | None) -> list[str]:
             if course.kata(lab).is_file() and record.lab_changed(course, record.entry(report, lab))]
 
 
+UNTOUCHED_CHECK = "still the TODO stub"
+
+
+def record_untouched(course: Course, report: dict | None, labs: list[str]) -> dict | None:
+    """The record with `labs`, whose kata files are untouched (Course.untouched), entered as all TODO without
+    grading them: their TODO stubs are the graded functions (a test holds every lab to that), and a stub raises
+    NotImplementedError whatever the inputs. Written to the record where the record may be written."""
+    labs = [lab for lab in labs if course.untouched(lab)]
+    if not labs:
+        return report
+    results = [{"lab": lab, "title": course.title(lab), "function": function, "check": UNTOUCHED_CHECK,
+                "status": "todo", "reason": "", "detail": "", "output": "", "nodeid": course.rel(course.kata(lab)),
+                "message": f"`{function}` is still its TODO stub (read from the file, not graded): write it"}
+               for lab in labs for function in course.untouched_todos(lab)]
+    run = {"seed": None, "labs": [{"lab": lab, "title": course.title(lab)} for lab in labs], "results": results}
+    data = record.merge(report, run, {}, {lab: record.lab_fingerprint(course, lab) for lab in labs})
+    try:
+        record.write(course, data)
+    except OSError:
+        pass
+    return data
+
+
+def widen_last_run(course: Course, report: dict | None, labs) -> dict | None:
+    """The record with `labs` (read as untouched by the same command) counted in its last run: `kata hint`'s
+    current TODO is then the first of everything the command looked at, as its own "next:" line says."""
+    if not report or not report.get("last_run") or not labs:
+        return report
+    report["last_run"]["labs"] = sorted(set(report["last_run"].get("labs") or []) | set(labs))
+    try:
+        record.write(course, report)
+    except OSError:
+        pass
+    return report
+
+
 def after_grading(course: Course, before: dict | None, grading: "Grading") -> dict | None:
     """The record once `grading` is done: the plugin wrote it; if it could not (a run with hidden checks
     from the environment, a folder it may not write), this run merged in memory."""

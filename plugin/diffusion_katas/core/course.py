@@ -209,6 +209,33 @@ class Course:
         raise FileNotFoundError(f"{self.rel(self.kata(lab))} has no pristine form: neither "
                                 f"{self.rel(solution)} nor {self.rel(kept)} is there")
 
+    def untouched(self, lab: str) -> bool:
+        """Whether the kata's code is the pristine kata's (comments and blank lines aside): every function still
+        its TODO stub. Read with `ast`, never run."""
+        try:
+            return ast.dump(ast.parse(self.kata(lab).read_text(encoding="utf-8"))) == \
+                ast.dump(ast.parse(self.pristine_text(lab)))
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            return False
+
+    def untouched_todos(self, lab: str) -> list[str]:
+        """The kata's functions that are still their TODO stub, as the pristine kata has them, in file order: read
+        with `ast` (parsed, never run), so nothing is graded to learn that a stub raises NotImplementedError.
+        Empty when the kata or its pristine form cannot be read or parsed."""
+        try:
+            pristine = ast.parse(self.pristine_text(lab))
+            now = ast.parse(self.kata(lab).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            return []
+
+        def stubs(tree, only_todo: bool) -> dict:
+            return {node.name: ast.dump(node) for node in tree.body if isinstance(node, ast.FunctionDef)
+                    and (not only_todo or any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.dump(n)
+                                              for n in ast.walk(node)))}
+
+        todo, mine = stubs(pristine, True), stubs(now, False)
+        return [name for name, code in mine.items() if todo.get(name) == code]
+
     # ---- graders: the one loader -------------------------------------------------------------------------
     def graders_of(self, lab: str) -> list:
         """The Kata objects the lab's grader declares, in declaration order: each file loaded once per

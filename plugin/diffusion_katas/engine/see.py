@@ -98,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if not source.is_file():
         print(f"kata see: {course.rel(source)} does not exist")
         return 1
+    todo = [f for f in course.untouched_todos(lab) if f in picture.needs] if not args.solutions else []
+    if todo:  # read from the file (still its TODO stub), before anything is imported or run
+        rel = course.rel(source)
+        print(f"kata see {lab}: `{todo[0]}` is still TODO ({rel}). The picture draws with your "
+              f"{', '.join(picture.needs)}: write them (python -m pytest {rel} grades them), then run kata see again.")
+        return 2
     os.chdir(course.root)
     return draw_lab(course, lab, picture, source, args)
 

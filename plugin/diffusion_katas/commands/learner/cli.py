@@ -27,9 +27,10 @@ from pathlib import Path
 from diffusion_katas.core import lessons, record
 from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
-from diffusion_katas.commands.running import (MARKS, VERBS, Grading, WarmGrader, after_grading, changed_labs, counts, first_unsolved,
-                                grade, grading_failed, import_trouble, lab_entry, load_report, messages, next_todo,
-                                pytest_env, statuses)
+from diffusion_katas.commands.running import (MARKS, VERBS, Grading, WarmGrader, after_grading, changed_labs, counts,
+                                               first_unsolved, grade, grading_failed, import_trouble, lab_entry,
+                                               load_report, messages, next_todo, pytest_env, record_untouched,
+                                               statuses, widen_last_run)
 from diffusion_katas.commands.learner import incremental
 from diffusion_katas.commands.learner.hints import grader_hints, hint_target, hint_text, reveal
 from diffusion_katas.commands.learner.watch import CLEAR, file_events, seconds_text, signature, verdict_lines, wait_for_change
@@ -197,11 +198,20 @@ def cmd_progress(args) -> int:
     else:
         stale = [p.stem for p in lab_files(course.katas) if (course.graders / p.name).is_file()] if args.fresh \
             else changed_labs(course, report)
-        if not stale:
+        # an untouched lab is all TODO, read from its file: nothing to grade
+        report = record_untouched(course, report, stale)
+        read = [lab for lab in stale if lab_entry(report, lab) is not None and not record.lab_changed(
+            course, lab_entry(report, lab))]
+        stale = [lab for lab in stale if lab not in read]
+        attempted = set(read)
+        if not stale and read:
+            header = (f"kata progress · {len(read)} untouched lab(s) read as TODO, nothing graded (every function "
+                      "still its stub)")
+        elif not stale:
             header = (f"kata progress · from the last grading, saved {_saved(report)}: no kata file changed since, "
                       "nothing graded again (`kata progress --fresh` grades every lab)")
         else:
-            whole = report is None or args.fresh
+            whole = (report is None or args.fresh) and not read
             targets = [course.rel(course.katas)] if whole else [course.rel(course.kata(lab)) for lab in stale]
             what = f"the {len(stale)} lab(s) in {course.rel(course.katas)}/" if whole else \
                 f"{len(stale)} lab(s) not graded yet or changed since their last grading ({', '.join(stale)})"
@@ -209,8 +219,8 @@ def cmd_progress(args) -> int:
             grading = grade(course, *targets, "--continue-on-collection-errors")
             if grading.report is None:
                 raise LearnerError(grading_failed(grading, ", ".join(targets)), 1)
-            report = after_grading(course, report, grading)
-            attempted = set(stale)
+            report = widen_last_run(course, after_grading(course, report, grading), read)
+            attempted |= set(stale)
             seed = grading.report.get("seed")
             header = (f"kata progress · graded in {grading.seconds:.0f} s (seed {seed})" if whole else
                       f"kata progress · graded {', '.join(stale)} again in {grading.seconds:.0f} s (seed {seed}); "
@@ -223,6 +233,8 @@ def cmd_progress(args) -> int:
 def cmd_hint(args) -> int:
     course = open_course(args.root)
     report = load_report(course)
+    if args.function and args.function[0].isdigit() and not args.lab:  # `kata hint 14`: a lab (no name starts so)
+        args.lab, args.function = args.function, None
     lab = resolve_lab(course, args.lab) if args.lab else None
     lab, function, status = hint_target(course, report, lab, args.function)
     hints_by_function = grader_hints(course, lab)
@@ -424,7 +436,9 @@ def cmd_see(args) -> int:
 
     course = open_course(args.root)
     lab = resolve_lab(course, args.lab)
-    out = (args.out or course.state / "see" / f"{lab}.png").resolve()
+    # the solutions' picture has a folder of its own: it is never shown (by `kata report`) as the learner's
+    default = course.state / "see" / ("solutions" if args.solutions else "") / f"{lab}.png"
+    out = (args.out or default).resolve()
     command = [sys.executable, "-m", "diffusion_katas.engine.see", lab, "--root", str(course.root), "--out", str(out),
                "--seed", str(args.seed), "--steps", str(args.steps)]
     if args.solutions:
@@ -494,7 +508,9 @@ def add_commands(commands) -> None:
                "is free; each further tier comes after a failed grading of the function since the tier before "
                "was shown (an OVER BUDGET grading is correct: it uses up no tier, and the hint shows the cost). "
                "What was shown is remembered in .kata/hints.json.")
-    hint.add_argument("function", nargs="?", metavar="FUNCTION", help="a kata function (default: the current TODO)")
+    hint.add_argument("function", nargs="?", metavar="FUNCTION|LAB",
+                      help="a kata function, or a lab by number or name for its current TODO (default: the current "
+                           "TODO of the lab graded last)")
     hint.add_argument("--lab", metavar="LAB", help="the lab of FUNCTION, by number or name")
     hint.add_argument("--all", action="store_true", help="show every tier now (for when you are stuck)")
 

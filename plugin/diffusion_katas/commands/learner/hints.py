@@ -148,6 +148,12 @@ def hint_target(course: Course, report: dict | None, lab: str | None,
                 function: str | None) -> tuple[str, str, str | None]:
     """(lab, function, status or None): the current TODO (of `lab`, if given), or the lab of `function`."""
     status = None
+    if function is None and lab is not None and lab_entry(report, lab) is None and course.untouched_todos(lab):
+        # a lab not graded yet: its first function still a TODO stub is the current TODO (read, not graded)
+        graded = hints_or_empty(course, lab)
+        function = next((f for f in course.untouched_todos(lab) if f in graded), None)
+        if function is not None:
+            return lab, function, "todo"
     if function is None:
         if report is None:
             raise LearnerError("no grading report yet, so no current TODO: run `kata progress` (or `kata watch`) "
