@@ -116,3 +116,15 @@ def test_kata_function_grades_only_the_named_function(toy):
     result = toy.run("katas", "--kata-function", "double", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*2 deselected*"])
+
+
+def test_last_failed_regrades_only_the_checks_that_did_not_pass_and_forgets_a_check_once_it_passes(toy):
+    # pytest's own cache (--lf, --ff): a kata check's id is a parametrized test's, FILE::FUNCTION[CHECK]
+    toy.kata(double="return x * 2")
+    assert toy.run("katas", "-p", "cacheprovider").parseoutcomes() == {"passed": 2, "todo": 2}
+    again = toy.run("katas", "-p", "cacheprovider", "--lf")
+    again.stdout.fnmatch_lines(["*run-last-failure: rerun previous 2 failures*"])
+    assert again.parseoutcomes() == {"todo": 2}
+    toy.kata(double="return x * 2", normalize="return x / x.norm()")
+    assert toy.run("katas", "-p", "cacheprovider", "--lf").parseoutcomes() == {"passed": 1, "todo": 1}
+    assert toy.run("katas", "-p", "cacheprovider", "--lf").parseoutcomes() == {"todo": 1}

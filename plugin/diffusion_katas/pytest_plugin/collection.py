@@ -120,6 +120,11 @@ class KataItem(pytest.Item):
     """One check of one kata function, run over all of its cases."""
 
     def __init__(self, *, check: Check, hidden: bool = False, **kwargs):
+        # The id as pytest writes a parametrized test's, "FILE::FUNCTION[CHECK]", given as text: pytest 9 parses it
+        # into the function's name and its parameters, as it parses the ids its cache keeps (--lf, --ff, --sw
+        # match items to them; a name holding the brackets would never match).
+        if "nodeid" not in kwargs and kwargs.get("parent") is not None:
+            kwargs["nodeid"] = f"{kwargs['parent'].nodeid}::{kwargs['name']}"
         super().__init__(**kwargs)
         self.check = check
         self.kata = check.kata
