@@ -322,7 +322,13 @@ def test_the_readme_shows_the_default_and_the_cpu_only_install_lines_with_the_au
     from diffusion_katas.commands.instructor.bundle import TORCH_CPU_INDEX
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    lines = [line for line in readme.splitlines() if line.startswith("python3 -m pip install")]
-    assert lines[:2] == ["python3 -m pip install -e . && python3 -m pytest katas",
-                         "python3 -m pip install -e . && python3 -m pytest tests"]
-    assert any(line.startswith(f"python3 -m pip install --extra-index-url {TORCH_CPU_INDEX} -e .") for line in lines)
+    first_block = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    commands = [line for line in first_block if line and not line.startswith("#")]
+    assert commands == ["python3 -m venv .venv && . .venv/bin/activate",  # in a venv of its own, first
+                        "python -m pip install -e . && python -m pytest katas",
+                        "python -m pip install -e . && python -m pytest tests"]
+    lines = [line for line in readme.splitlines() if line.startswith("python -m pip install")]
+    assert any(line.startswith(f"python -m pip install --extra-index-url {TORCH_CPU_INDEX} -e .") for line in lines)
+    # what CI runs is README command B, in a fresh venv
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python3 -m venv" in ci and commands[2] in ci
