@@ -332,3 +332,27 @@ def test_the_readme_shows_the_default_and_the_cpu_only_install_lines_with_the_au
     # what CI runs is README command B, in a fresh venv
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "python3 -m venv" in ci and commands[2] in ci
+
+
+def test_the_readme_is_short_links_only_what_exists_and_every_command_in_it_parses():
+    import re
+    import shlex
+
+    from diffusion_katas.commands.main import build_parser
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150  # reference material lives in docs/
+    for link in re.findall(r"\]\(([^)#]+)\)", readme):
+        assert (REPO / link).is_file(), link
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    plugin_options = set(re.findall(r'"(--[a-z-]+)"', (REPO / "plugin" / "diffusion_katas" / "pytest_plugin" /
+                                                         "plugin.py").read_text(encoding="utf-8")))
+    kata_lines = [line for line in lines if line.startswith("kata ")]
+    assert len(kata_lines) >= 10
+    for line in kata_lines:  # [optional parts] as given; a bad subcommand or option exits
+        build_parser().parse_args(shlex.split(line.replace("[", "").replace("]", ""))[1:])
+    for line in lines:
+        if "-m pytest" in line:
+            assert {o for o in re.findall(r"(--[a-z-]+)", line) if o.startswith(("--kata", "--solutions"))} \
+                <= plugin_options, line
