@@ -138,6 +138,18 @@ def test_watch_grades_again_after_the_kata_file_changes_and_stops_cleanly_on_ctr
     assert "stopped watching." in out
 
 
+def assert_the_record_knows_the_lab_as_it_is(root: Path, some: dict) -> None:
+    """After a watch's save: the record holds the lab as graded now, not as changed since (`kata progress` would
+    grade it again, `kata report` would say so)."""
+    from diffusion_katas.core import record
+    from diffusion_katas.core.course import Course
+
+    course = Course(root)
+    entry = record.entry(record.load(course), LAB)
+    assert entry is not None and not record.lab_changed(course, entry), entry
+    assert some.items() <= {f["name"]: f["status"] for f in entry["functions"]}.items(), entry
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
 def test_after_a_save_watch_regrades_only_the_functions_whose_code_changed_and_the_whole_lab_before_a_pass(tmp_path):
     root = make_root(tmp_path)
@@ -163,9 +175,11 @@ def test_after_a_save_watch_regrades_only_the_functions_whose_code_changed_and_t
         mark = wait_for(r"graded `scaled_linear_betas` \(the other functions' code is unchanged[\s\S]*"
                         r"FAILED +scaled_linear_betas[\s\S]*waiting for a change", mark)
         assert f"--kata-function" not in "".join(seen)
+        assert_the_record_knows_the_lab_as_it_is(root, {FIRST: "failed", "add_noise": "todo"})
         path.write_text(path.read_text(encoding="utf-8").replace(f"def {FIRST}(", f"# a comment\ndef {FIRST}(", 1),
                         encoding="utf-8")
         mark = wait_for(r"no code changed since the last grading[\s\S]*waiting for a change", mark)
+        assert_the_record_knows_the_lab_as_it_is(root, {FIRST: "failed", "add_noise": "todo"})
         shutil.copy(root / "solutions" / f"{LAB}.py", path)
         wait_for(rf"grading katas/{LAB}.py\.\.\.[\s\S]*6/6 solved[\s\S]*every function in this lab passes", mark)
     finally:
@@ -432,3 +446,33 @@ def test_bare_kata_prints_its_help_and_kata_version_its_version():
     assert "usage: kata" in done.stdout and all(name in done.stdout for name in ("watch", "progress", "hint"))
     done = kata("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"kata (diffusion-katas) {metadata.version('diffusion-katas')}"
+
+
+def test_a_save_during_a_grading_undoes_what_it_wrote_and_grades_the_lab_again(tmp_path, capsys):
+    # Each check imports the kata file afresh: a grading that saw two versions counts for nothing.
+    from diffusion_katas.commands.running import Grading
+    from diffusion_katas.core.course import Course
+
+    root = make_root(tmp_path)
+    course = Course(root)
+    course.record_path.parent.mkdir(parents=True, exist_ok=True)
+    course.record_path.write_text('{"before": true}')
+    kata_file = course.kata(LAB)
+    seen = []  # per grading: the kata file, the record and whether a hints file was there, as it started
+
+    class Warm:
+        def grade(self, *args):
+            seen.append((kata_file.read_text(encoding="utf-8"), course.record_path.read_text(),
+                         course.hints_path.exists()))
+            course.record_path.write_text(f'{{"grading": {len(seen)}}}')
+            course.hints_path.write_text('{"tiers": "spent"}')
+            if len(seen) == 1:  # the learner saves while the first grading runs
+                kata_file.write_text(seen[0][0] + "\n# saved again\n", encoding="utf-8")
+            return Grading({"labs": []}, "", 1, 0.1)
+
+    grading = learner.graded_as_saved(Warm(), course, LAB, f"katas/{LAB}.py")
+    assert len(seen) == 2 and grading.report == {"labs": []}
+    assert "changed while it was graded: grading it again" in capsys.readouterr().out
+    # the second grading saw the new file, and the record and tiers as they were before the mixed one
+    assert seen[1] == (seen[0][0] + "\n# saved again\n", '{"before": true}', False)
+    assert course.record_path.read_text() == '{"grading": 2}'  # what the second grading wrote stays

@@ -196,6 +196,22 @@ def test_kata_hint_goes_on_from_the_tiers_the_failure_messages_showed(two_runs, 
     assert "hint 3 (near code)" in out
 
 
+def test_a_file_that_does_not_import_shows_and_spends_no_hint_tier_and_says_where(two_runs, tmp_path, capsys):
+    root = copy(two_runs[0], tmp_path / "c")
+    before = saved(root)["failed_gradings"]
+    kata_file = root / "katas" / f"{AGAIN}.py"
+    text = kata_file.read_text(encoding="utf-8")
+    for broken in (text + "\ndef half_typed(:\n", text + "\nundefined_name + 1\n"):  # a syntax error, a NameError
+        kata_file.write_text(broken, encoding="utf-8")
+        graded = pytest_in(root, f"katas/{AGAIN}.py", "-q")
+        assert "does not parse" in graded.stdout or "importing katas/" in graded.stdout, graded.stdout
+        assert " at line " in graded.stdout and "hint 1 (" not in graded.stdout, graded.stdout
+        assert saved(root)["failed_gradings"] == before
+    kata_file.write_text(text, encoding="utf-8")
+    code, out, err = run(capsys, "hint", FIRST, "--lab", AGAIN, "--root", str(root))
+    assert code == 0 and "hint 1 (nudge)" in out and "hint 2 (" not in out, out + err
+
+
 def test_tiers_are_per_function(two_runs, tmp_path, capsys):
     root = copy(two_runs[0], tmp_path / "c")
     data = saved(root)

@@ -31,6 +31,8 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from diffusion_katas.core.results import FILE_REASONS
+
 FORMAT = 1
 BUDGET_PREFIX = "budget: "
 _STEM = re.compile(r"(\d\d_[A-Za-z0-9_]+)")
@@ -170,7 +172,8 @@ def merge(old: dict | None, run_json: dict, declared: dict[str, dict[str, set[st
         complete = {f for f in functions if f in graded_checks and functions[f] <= graded_checks[f]}
         for f in graded_checks:
             if any(r["function"] == f and r["status"] == "failed" and not r["check"].startswith(BUDGET_PREFIX)
-                   for r in mine):
+                   and r.get("reason") not in FILE_REASONS for r in mine):  # a file that does not import: not
+                # an attempt at the function (a half-typed line would spend its hint tiers)
                 key = f"{lab}::{f}"
                 failed[key] = int(failed.get(key, 0)) + 1
         old_entry = entries.get(lab)
@@ -184,7 +187,7 @@ def merge(old: dict | None, run_json: dict, declared: dict[str, dict[str, set[st
             new_status = {f: status[f] if (f in complete or f not in old_status) and f in status
                           else old_status.get(f, "todo") for f in functions}
             new_results = [r for r in kept_results.get(lab, []) if r.get("function") not in complete]
-        new_results += [_slim(r) for r in mine if r["status"] not in ("passed", "skipped")
+        new_results += [slim(r) for r in mine if r["status"] not in ("passed", "skipped")
                         and (whole or r["function"] in complete or r["function"] not in old_status)]
         if whole:
             files = fingerprints.get(lab)
@@ -212,7 +215,8 @@ def merge(old: dict | None, run_json: dict, declared: dict[str, dict[str, set[st
     return data
 
 
-def _slim(result: dict) -> dict:
+def slim(result: dict) -> dict:
+    """What the record keeps of a result that did not pass."""
     keep = ("lab", "title", "function", "check", "status", "reason", "detail", "message", "output", "nodeid")
     return {k: result.get(k) for k in keep}
 

@@ -132,6 +132,7 @@ def reproduce_line(item) -> str:
 def failure_text(item, excinfo) -> str:
     """The learner-facing text for a failed kata item."""
     from diffusion_katas.pytest_plugin.outcomes import BudgetWaits, KataTodo, LearnerCrash
+    from diffusion_katas.core.results import FILE_REASONS
     from diffusion_katas.core.spec import KataFailure, OverBudget
 
     session = item.config.stash[state.SESSION]
@@ -156,6 +157,10 @@ def failure_text(item, excinfo) -> str:
             f'see why with: python -m pytest "{item.parent.nodeid}" -k {waits.function} -m "not budget"'
         return (f"budget '{waits.budget}' of `{waits.function}` is judged once `{waits.function}` is correct; "
                 f"it fails check '{waits.check}' ({where})")
+    if excinfo.errisinstance(KataFailure) and excinfo.value.reason in FILE_REASONS:
+        # the file does not import (a half-typed line): about the file, not the function, so no hint tier is
+        # shown or spent on it (core/record.py does not count it as a failed grading either)
+        return "\n".join([str(excinfo.value), reproduce_line(item)])
     if excinfo.errisinstance(KataFailure):
         body = str(excinfo.value)
     elif excinfo.errisinstance(LearnerCrash):

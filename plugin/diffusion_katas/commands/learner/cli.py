@@ -38,6 +38,47 @@ from diffusion_katas.commands.learner.workspace import LearnerError, open_course
 
 
 # ---- watch -----------------------------------------------------------------------------------------------
+def graded_as_saved(warm: WarmGrader, course: Course, lab: str, *args: str) -> Grading:
+    """`warm.grade(*args)`, on one version of the lab's files: each check imports the kata file afresh, so a save
+    during a grading would grade some checks on one version and some on the next. When the files the lab
+    depends on changed while it was graded, what that grading wrote (the record, the hint tiers) is put back and
+    the lab is graded again."""
+    files = record.depends_on(course, lab)
+    for attempt in range(3):
+        kept = {p: (p.read_bytes() if p.is_file() else None) for p in (course.record_path, course.hints_path)}
+        before = [p.read_bytes() if p.is_file() else None for p in files]
+        grading = warm.grade(*args)
+        if [p.read_bytes() if p.is_file() else None for p in files] == before:
+            return grading
+        for path, data in kept.items():  # that grading mixed two versions: it counts for nothing
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        print(f"{course.rel(course.kata(lab))} changed while it was graded: grading it again...", flush=True)
+    return grading
+
+
+def keep_merged(course: Course, lab: str, merged: dict) -> None:
+    """Write a watch's merged verdict (the functions a save changed, graded now, and the others' verdicts, which
+    stand: their code did not change) into the record as the lab's whole grade, with the files as graded: the
+    record then knows the lab as it is, and `kata progress` or `kata report` do not call it changed."""
+    data = record.load(course)
+    entry = record.entry(data, lab)
+    now = lab_entry(merged, lab)
+    if entry is None or now is None:
+        return
+    entry["functions"] = [{"name": f["name"], "status": f["status"]} for f in now.get("functions", [])]
+    entry["files"], entry["complete"] = record.lab_fingerprint(course, lab), True
+    data["results"] = [r for r in data.get("results", []) if r.get("lab") != lab] + [
+        record.slim(r) for r in merged.get("results", []) if r.get("lab") == lab
+        and r.get("status") not in ("passed", "skipped") and not r.get("hidden")]
+    try:
+        record.write(course, data)
+    except OSError:
+        pass
+
+
 def grade_save(warm: WarmGrader, course: Course, lab: str, last: Grading | None, shape):
     """Grade the lab after a save: only the functions whose code changed (and those that use them) when the
     last grading of this lab stands for the rest, else all of it. Returns (grading, the code it saw, a note)."""
@@ -52,18 +93,23 @@ def grade_save(warm: WarmGrader, course: Course, lab: str, last: Grading | None,
         if plan is not None and plan and graded <= plan:
             plan = None  # every function changed: one grading of the whole lab
     if plan is not None and not plan:
+        keep_merged(course, lab, last.report)  # the same code: the record knows the file as it is now
         return last, now, "no code changed since the last grading (comments or blank lines only): its verdict stands"
     if plan is not None:
         names = sorted(plan)
         print(f"grading {', '.join(f'`{n}`' for n in names)} in {course.rel(kata)}...", flush=True)
-        partial = warm.grade(course.rel(kata), *[a for n in names for a in ("--kata-function", n)])
+        partial = graded_as_saved(warm, course, lab, course.rel(kata),
+                                  *[a for n in names for a in ("--kata-function", n)])
         merged = incremental.merge(last.report, partial.report, lab, plan) if partial.report else None
-        if merged is not None and not incremental.all_pass(merged, lab):
+        if merged is not None and not incremental.all_pass(merged, lab) and \
+                incremental.code_shape(kata) == now[0]:  # the code as planned: the merge stands for the lab
+            keep_merged(course, lab, merged)
             others = "the other functions' code is unchanged: their verdicts stand"
             return (Grading(merged, partial.output, partial.returncode, partial.seconds), now,
                     f"graded {', '.join(f'`{n}`' for n in names)} ({others})")
     print(f"grading {course.rel(kata)}...", flush=True)
-    grading = warm.grade(course.rel(kata))
+    grading = graded_as_saved(warm, course, lab, course.rel(kata))
+    now = (incremental.code_shape(kata), now[1])  # the code this grading saw (a save during it is graded again)
     return grading, (now if lab_entry(grading.report, lab) is not None else None), None
 
 
