@@ -65,6 +65,8 @@ def test_every_solution_passes_every_grader_and_scores_full_marks_on_gradescope(
 
 def test_every_untouched_kata_function_is_todo_and_none_passes_or_errors(tmp_path):
     proc, data = grade(tmp_path, "katas")
+    summary = proc.stdout[proc.stdout.rindex("kata progress"):].splitlines()[1:]
+    assert len(summary) > 22 and max(len(line) for line in summary) <= 100, "\n".join(summary)
     not_todo = [f"{r['nodeid']}: {r['status']}\n{r['message']}" for r in data["results"]
                 if r["status"] != "todo" and not cuda_skip(r)]
     assert not not_todo, "\n\n".join(not_todo)

@@ -476,3 +476,39 @@ def test_a_save_during_a_grading_undoes_what_it_wrote_and_grades_the_lab_again(t
     # the second grading saw the new file, and the record and tiers as they were before the mixed one
     assert seen[1] == (seen[0][0] + "\n# saved again\n", '{"before": true}', False)
     assert course.record_path.read_text() == '{"grading": 2}'  # what the second grading wrote stays
+
+
+def test_watch_shows_what_the_code_printed_under_the_verdict(tmp_path, capsys):
+    root = make_root(tmp_path)
+    path = root / "katas" / f"{LAB}.py"
+    text = path.read_text(encoding="utf-8")
+    stub = text.index("raise NotImplementedError", text.index(f"def {FIRST}("))
+    path.write_text(text[:stub] + 'print("my betas:", beta_start, beta_end)\n    ' + LINEAR_IN_BETA
+                    + text[stub + len("raise NotImplementedError"):], encoding="utf-8")
+    code, out, err = run(capsys, "watch", "--once", "--root", str(root))
+    assert code == 0, err
+    assert re.search(r"---- what your code printed ----\nmy betas: 0\.000\d+ 0\.0\d+", out), out
+
+
+def test_after_a_solved_lab_watch_names_the_next_lab_not_yet_solved(tmp_path):
+    from diffusion_katas.commands.learner.watch import next_unsolved_lab
+    from diffusion_katas.core import record
+    from diffusion_katas.core.course import Course
+
+    root = make_root(tmp_path)
+    for lab in ("02_copy", "03_copy"):
+        for folder in ("katas", "solutions", "graders"):
+            shutil.copy(REPO / folder / f"{LAB}.py", root / folder / f"{lab}.py")
+    course = Course(root)
+    data = record.empty()
+    data["labs"] = [{"lab": lab, "functions": [{"name": "f", "status": status}]}
+                    for lab, status in ((LAB, "passed"), ("02_copy", "passed"), ("03_copy", "todo"))]
+    record.write(course, data)
+    assert next_unsolved_lab(course, LAB) == "03_copy"
+    assert next_unsolved_lab(course, "03_copy") is None  # every other lab solved
+    data["labs"][2]["functions"][0]["status"] = "passed"
+    record.write(course, data)
+    assert next_unsolved_lab(course, LAB) is None
+    data["labs"][0]["functions"][0]["status"] = "failed"
+    record.write(course, data)
+    assert next_unsolved_lab(course, "03_copy") == LAB  # from the first lab again

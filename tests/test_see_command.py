@@ -130,6 +130,13 @@ def test_see_01_draws_the_learners_schedules_and_add_noise_beside_diffusers(cour
     theirs, mine, difference = rows(out, top=PLOTS)
     assert np.array_equal(theirs, mine) and difference.max() == 0
     assert (theirs[:, :128].max(axis=2) > 200).mean() > 0.05  # t = 0: the clean shape stands out
+    # each plot's legend: a swatch of every schedule's colour (drawn nowhere else: curves are darker or lighter)
+    picture = np.asarray(Image.open(out).convert("RGB"))
+    for panel in range(2):
+        x1 = see.GAP + panel * (see.PLOT_W + see.GAP) + see.PLOT_W
+        box = picture[see.GAP + see.TITLE_H:see.GAP + see.TITLE_H + 80, x1 - see.LEGEND_W:x1]
+        for colour in see.CURVE_COLOURS:
+            assert (box == colour).all(axis=2).sum() > 20, (panel, colour)
 
 
 def test_see_01_shows_a_wrong_schedule_and_a_wrong_add_noise(course):

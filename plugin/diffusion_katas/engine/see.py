@@ -35,6 +35,7 @@ from diffusion_katas.engine import shapes
 SCALE = 8  # each 16×16 sample is drawn 128×128
 GAP = 4
 DIFF_GAIN = 4.0
+DIFF_TITLE = f"|yours - diffusers| x{DIFF_GAIN:g}   (black: the same; white: 1/{DIFF_GAIN:g} or more apart)"
 PIPELINE_CALLS = ("diffusers.pipelines.ddpm.pipeline_ddpm.DDPMPipeline.__call__",
                   "diffusers.pipelines.ddim.pipeline_ddim.DDIMPipeline.__call__")
 
@@ -235,7 +236,7 @@ def draw_schedules(learner: Learner, args):
                          ("log SNR = log(alpha_bar / (1 - alpha_bar)) over t", series_snr, (-14.0, 10.0))]),
               ("images", [*show, ((mine - theirs).abs() / 2 * DIFF_GAIN).clamp(0, 1)],
                ["DDPMScheduler.add_noise at t = 0, 100, 250, 500, 750, 999", "your add_noise (same x0, noise, table)",
-                f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+                DIFF_TITLE])]
     notes = ["curves: ᾱ_t and log SNR of the linear, scaled_linear and cosine schedules (T = 1000); yours dotted "
              "over diffusers' solid line"] + notes + [
         "images: one shapes image noised by add_noise with the linear table (the trained model's), the same noise "
@@ -285,8 +286,8 @@ def draw_ddim_steps(learner: Learner, args):
     blocks = [("images", [ref, yours, ((yours - ref).abs() * DIFF_GAIN).clamp(0, 1),
                           ref_x0, yours_x0, ((yours_x0 - ref_x0).abs() * DIFF_GAIN).clamp(0, 1)],
                ["DDIMScheduler.step, eta 0", "your ddim_step (the same UNet, seed and labels)",
-                f"|yours - diffusers| x{DIFF_GAIN:g}", f"diffusers' x0 prediction of sample 1 at steps {steps}",
-                "your predict_x0 on your own trajectory", f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+                DIFF_TITLE, f"diffusers' x0 prediction of sample 1 at steps {steps}",
+                "your predict_x0 on your own trajectory", DIFF_TITLE])]
     seen = shapes.classify(yours * 2 - 1)
     notes = ["rows 1-3: the final samples (labels " + ", ".join(shapes.CLASSES[i] for i in labels) + ")",
              f"rows 4-6: how the x0 prediction of sample 1 sharpens over {args.steps} steps",
@@ -309,7 +310,7 @@ def draw_generate(learner: Learner, args):
                                 eta=0.0), "generate", reference.shape)
     diff = (mine - reference).abs()
     blocks = [("images", [reference, mine.clamp(0, 1), (diff * DIFF_GAIN).clamp(0, 1)],
-               ["diffusers DDIMPipeline", "yours (generate)", f"|yours - diffusers| x{DIFF_GAIN:g}"])]
+               ["diffusers DDIMPipeline", "yours (generate)", DIFF_TITLE])]
     seen = shapes.classify(mine.clamp(0, 1) * 2 - 1)
     notes = ["rows: diffusers' samples; yours from the same seed and labels; their absolute difference "
              f"(x{DIFF_GAIN:g}, white = 1/{DIFF_GAIN:g} or more)",
@@ -341,9 +342,11 @@ def draw_moons(learner: Learner, args):
     grey, orange, blue = (110, 110, 110), (240, 140, 60), (90, 180, 240)
     bounds = (-2.0, 2.0)
     blocks = [("scatter", [
-        ("the data: two moons (grey)", [(data, grey, 3)], bounds),
-        (f"diffusers' EDMEulerScheduler, {args.steps} steps", [(data, grey, 2), (theirs, orange, 2)], bounds),
-        ("your edm_sample, the same noise", [(data, grey, 2), (mine, blue, 2)], bounds)])]
+        ("the data: two moons (grey)", [(data, grey, 3, "the data")], bounds),
+        (f"diffusers' EDMEulerScheduler, {args.steps} steps",
+         [(data, grey, 2, "the data"), (theirs, orange, 2, "diffusers' samples")], bounds),
+        ("your edm_sample, the same noise", [(data, grey, 2, "the data"), (mine, blue, 2, "your samples")],
+         bounds)])]
     distance = ((mine[:, None, :].double() - network.points[None]) ** 2).sum(-1).min(dim=1).values.sqrt()
     notes = [f"{count} points from the same Gaussian noise at σ = 80, sampled onto the ideal EDM network of the grey "
              "cloud (its exact denoiser, which carries every sample onto one of the data points): a right sampler "
@@ -406,7 +409,9 @@ def _plots(panels):
         draw.text((x0 + PLOT_W - 48, y0 + PLOT_H + 1), f"t = {len(series[0][0]) - 1}", fill=(160, 160, 160))
         draw.text((x0 + 2, y0 + 1), f"{hi:g}", fill=(160, 160, 160))
         draw.text((x0 + 2, y0 + PLOT_H - 12), f"{lo:g}", fill=(160, 160, 160))
-        for values, colour, _, dotted in series:
+        legend = {}  # one entry per colour: the curve's name, then what solid and dotted mean
+        for values, colour, label, dotted in series:
+            legend.setdefault(colour, label.split(" (")[0])
             n = len(values)
             points = [(x0 + PLOT_W * k / max(n - 1, 1),
                        y0 + PLOT_H * (1 - (min(max(float(v), lo), hi) - lo) / (hi - lo)))
@@ -416,11 +421,27 @@ def _plots(panels):
                     draw.line(points[k:k + 6], fill=tuple(min(255, c + 15) for c in colour), width=3)
             else:
                 draw.line(points, fill=tuple(c // 2 for c in colour), width=6)
+        _legend(draw, x0 + PLOT_W - LEGEND_W, y0 + 4, [(colour, name) for colour, name in legend.items()]
+                + [(None, "solid: diffusers"), (None, "dotted: yours")])
     return canvas
 
 
+LEGEND_W = 130
+
+
+def _legend(draw, x: float, y: float, entries) -> None:
+    """A legend box at (x, y): a swatch of each colour and its name (an entry without a colour is a note)."""
+    draw.rectangle([x, y, x + LEGEND_W - 4, y + 12 * len(entries) + 4], fill=(45, 45, 45), outline=(90, 90, 90))
+    for k, (colour, name) in enumerate(entries):
+        top = y + 3 + 12 * k
+        if colour is not None:
+            draw.rectangle([x + 4, top + 3, x + 16, top + 8], fill=colour)
+        draw.text((x + 20, top), name, fill=(200, 200, 200))
+
+
 def _scatter(panels):
-    """Square scatter panels side by side, each (title, [(points (N, 2), colour, radius), ...], (lo, hi))."""
+    """Square scatter panels side by side, each (title, [(points (N, 2), colour, radius, name), ...], (lo, hi)),
+    with a legend of the names."""
     from PIL import Image, ImageDraw
 
     side = 300
@@ -430,13 +451,14 @@ def _scatter(panels):
         x0, y0 = GAP + i * (side + GAP), GAP + TITLE_H
         draw.text((x0, GAP), title, fill=(230, 230, 230))
         draw.rectangle([x0, y0, x0 + side, y0 + side], outline=(120, 120, 120), fill=(25, 25, 25))
-        for points, colour, radius in layers:
+        for points, colour, radius, _name in layers:
             for px, py in points.tolist():
                 if not (lo <= px <= hi and lo <= py <= hi):
                     continue  # off the panel (a sampler gone wrong): the terminal's numbers still count it
                 cx = x0 + (px - lo) / (hi - lo) * side
                 cy = y0 + (1 - (py - lo) / (hi - lo)) * side
                 draw.ellipse([cx - radius, cy - radius, cx + radius, cy + radius], fill=colour)
+        _legend(draw, x0 + side - LEGEND_W, y0 + 4, [(colour, name) for _, colour, _, name in layers])
     return canvas
 
 

@@ -10,6 +10,19 @@ import pytest
 from diffusion_katas.core.results import Reason, Result, Status
 from diffusion_katas.pytest_plugin import session as state
 
+COLUMNS = 100  # what the summary's lines fit in
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+
+
+def fill(text: str, indent: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, COLUMNS, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False, break_long_words=False)
+
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Say what is graded and with which seed (inside a course only)."""
@@ -236,7 +249,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for report in waiting:
             tr.write_line(f"  {report.longrepr}")
     tr.write_sep("=", "kata progress", cyan=True, bold=True)
-    width = max(len(title) for title, _ in labs.values())
+    bars = max((len(functions) for _, functions in labs.values()), default=1)
+    # a row fits COLUMNS: a title longer than what is left beside the count and the bar is shortened
+    width = min(max(len(title) for title, _ in labs.values()), COLUMNS - 2 - 2 - 6 - bars)
     unselected = _unselected_functions(session, labs)
     next_up = None
     for lab, (title, functions) in labs.items():
@@ -249,7 +264,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         # A selection grades part of a lab: say of how many, so "1/1" never reads as the whole lab.
         part = (f"  (of the lab's {len(functions) + unselected[lab]} functions: {unselected[lab]} not graded in "
                 f"this run)" if unselected.get(lab) else "")
-        tr.write_line(f"  {title:<{width}}  {solved:>2}/{total:<2} {bar}{part}", green=solved == total and not part)
+        row = f"  {shorten(title, width):<{width}}  {solved:>2}/{total:<2} {bar}"
+        if part and len(row + part) > COLUMNS:
+            part = "\n" + fill(part.strip(), "    ")
+        tr.write_line(row + part, green=solved == total and not part)
         for function, status in functions.items():
             if next_up is None and status in ("todo", "failed", "waiting", "over budget"):
                 next_up = (lab, function, status)
@@ -259,9 +277,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     left_out = _not_graded(session, labs)
     if left_out:
-        tr.write_line(f"  not graded in this run (deselected): {left_out}. The table counts only what ran; "
-                      f"`python -m pytest {session.rel(session.kata_dir)}"
-                      f"{' --solutions' if session.grade_solutions else ''}` grades everything.", yellow=True)
+        tr.write_line(fill(f"not graded in this run (deselected): {left_out}. The table counts only what ran; "
+                           f"`python -m pytest {session.rel(session.kata_dir)}"
+                           f"{' --solutions' if session.grade_solutions else ''}` grades everything.", "  "),
+                      yellow=True)
     if next_up is None and left_out:
         tr.write_line("  every graded check passes.", green=True, bold=True)
         return
@@ -281,8 +300,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     verb = {"todo": "write", "failed": "fix", "waiting": "fix", "over budget": "make cheaper"}[status]
     tr.write_line(f"  next: {verb} `{function}` in {source}", yellow=True, bold=True)
     if status == "over budget":  # it is correct: a correctness hint would be beside the point
-        tr.write_line("  hint: it is correct; the OVER BUDGET section above shows what was measured against "
-                      "what is allowed, and where the allowance comes from")
+        tr.write_line(fill("hint: it is correct; the OVER BUDGET section above shows what was measured against "
+                           "what is allowed, and where the allowance comes from", "  "))
     else:
         for kata in session.course.graders_of(lab):
             if kata.name == function and kata.hints:
@@ -291,7 +310,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
                 key = f"{lab}::{function}"
                 tier = max(1, session.tiers_now.get(key, 0), shown(session.tiers, key, len(kata.hints)))
-                tr.write_line(f"  hint{f' {tier}' if tier > 1 else ''}: {kata.hints[min(tier, len(kata.hints)) - 1]}")
+                tr.write_line(fill(f"hint{f' {tier}' if tier > 1 else ''}: {kata.hints[min(tier, len(kata.hints)) - 1]}",
+                                   "  "))
     tr.write_line(f"  then: python -m pytest {where}")
 
 

@@ -38,6 +38,9 @@ from diffusion_katas.commands.learner.workspace import LearnerError, open_course
 
 
 # ---- watch -----------------------------------------------------------------------------------------------
+COLUMNS = 100  # what the commands' own lines fit in
+
+
 def graded_as_saved(warm: WarmGrader, course: Course, lab: str, *args: str) -> Grading:
     """`warm.grade(*args)`, on one version of the lab's files: each check imports the kata file afresh, so a save
     during a grading would grade some checks on one version and some on the next. When the files the lab
@@ -127,6 +130,8 @@ def cmd_watch(args) -> int:
             lab = resolve_lab(course, args.lab)
         else:
             report = load_report(course)
+            stale = changed_labs(course, report)
+            report = record_untouched(course, report, stale)  # an untouched lab is all TODO: read, not graded
             stale = changed_labs(course, report)
             if stale:  # grade only the labs the record does not know as they are now
                 targets = [course.rel(course.katas)] if report is None else [course.rel(course.kata(l)) for l in stale]
@@ -271,6 +276,9 @@ def cmd_progress(args) -> int:
             header = (f"kata progress · graded in {grading.seconds:.0f} s (seed {seed})" if whole else
                       f"kata progress · graded {', '.join(stale)} again in {grading.seconds:.0f} s (seed {seed}); "
                       "the other labs are from the last grading")
+    import textwrap
+
+    header = textwrap.fill(header, COLUMNS, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
     print("\n".join([header, *progress_lines(course, report, attempted)]))
     return 0
 

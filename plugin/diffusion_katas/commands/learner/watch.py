@@ -118,10 +118,10 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
     found = first_unsolved(entry)
     lines.append("")
     if found is None:
-        labs = course.labs()
-        later = [other for other in labs if other > lab]
+        following = next_unsolved_lab(course, lab)
         lines.append("every function in this lab passes." + (
-            f" On to the next lab: kata watch {later[0][:2]}  ({later[0]})" if later else " That was the last lab."))
+            f" On to the next lab: kata watch {following[:2]}  ({following})" if following else
+            " So does every other lab, as last graded: the course is done."))
         return lines
     function, status = found
     lines.append(f"next: {VERBS.get(status, 'fix')} `{function}` in {kata}")
@@ -143,4 +143,26 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
     if len(body) > 80:
         body = body[:80] + [f"... ({len(body) - 80} more lines: python -m pytest {kata})"]
     lines += ["", f"---- why `{failing[0]}` is {MARKS[failing[1]]} (pytest) ----", *body]
+    printed = next((str(r.get("output") or "") for r in (report or {}).get("results", [])
+                    if r.get("lab") == lab and r.get("function") == failing[0] and r.get("output")), "")
+    if printed.strip():
+        shown = printed.rstrip().splitlines()
+        more = f" (the first {PRINTED_LINES} of {len(shown)} lines)" if len(shown) > PRINTED_LINES else ""
+        lines += ["", f"---- what your code printed{more} ----", *shown[:PRINTED_LINES]]
     return lines
+
+
+PRINTED_LINES = 20  # of what the learner's code printed, under the verdict
+
+
+def next_unsolved_lab(course: Course, lab: str) -> str | None:
+    """The first lab after `lab` (then from the first) that the record does not know as solved, or None."""
+    from diffusion_katas.commands.running import load_report
+
+    report = load_report(course)
+    labs = [other for other in course.graded_labs() if other != lab]
+    for other in sorted(labs, key=lambda other: (other < lab, other)):
+        entry = lab_entry(report, other)
+        if entry is None or counts(entry)[0] < counts(entry)[1]:
+            return other
+    return None
