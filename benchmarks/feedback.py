@@ -10,7 +10,11 @@ the ratios, not the milliseconds):
    learner's code in a fresh runner per check), after a first grading has warmed it: the whole lab;
 4. and a save that edits one function (the lab's slowest to grade), as `kata watch` grades it: that
    function alone (commands/learner/incremental.py), in a scratch course whose katas are the solutions.
-Graded on the solutions (`--solutions`), so every check runs to the end. This is a script, not a test.
+5. a plain `python -m pytest katas/NN_lab.py` cold (KATA_NO_WARM=1) and a second one, handed to the course's
+   warm grader (core/warm.py), with that grader's resident memory (its process and its runners' warm parent);
+6. the first `kata progress` on an untouched course and `kata see 01` on a TODO lab (both read, not graded).
+Graded on the solutions (`--solutions`, or a scratch course whose katas are the solutions), so every check runs
+to the end. This is a script, not a test.
 """
 from __future__ import annotations
 
@@ -94,10 +98,100 @@ def one_function_saves(lab: str, runs: int) -> tuple[str, list[float]]:
     return name, seconds
 
 
+def learner_env(**extra) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KATA_", "PYTEST_"))}
+    env.update(extra)
+    return env
+
+
+def plain_runs(labs: list[str], runs: int) -> list[tuple]:
+    """Rows for a plain pytest, cold and through the warm grader, in a scratch course whose katas are the
+    solutions; then the untouched course's first `kata progress` and `kata see 01`."""
+    import os
+    import re
+
+    from diffusion_katas.core import warm
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kata-bench-") as tmp:
+        root = Path(tmp) / "course"
+        root.mkdir()
+        for folder in ("graders", "solutions"):
+            shutil.copytree(ROOT / folder, root / folder)
+        shutil.copytree(ROOT / "solutions", root / "katas")
+
+        def run(target, **env):
+            start = time.monotonic()
+            subprocess.run([sys.executable, "-m", "pytest", target, "-q"], cwd=root, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=learner_env(**env), check=False)
+            return time.monotonic() - start
+
+        pids = []
+        try:
+            for name in labs:
+                target = f"katas/{next(p.stem for p in (root / 'katas').glob(name + '_*.py'))}.py"
+                cold = statistics.median(run(target, KATA_NO_WARM="1") for _ in range(runs))
+                run(target)  # starts the grader, if none runs yet
+                log = warm.log_path(root)
+                deadline = time.monotonic() + 300
+                while "listening on" not in (log.read_text() if log.exists() else ""):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+                run(target)  # a first request of this lab
+                hot = [run(target) for _ in range(runs)]
+                rows.append((f"{target}: cold plain `python -m pytest {target}`", cold, None))
+                rows.append((f"{target}: a second plain `python -m pytest {target}` (the warm grader)",
+                             statistics.median(hot), min(hot)))
+            pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", warm.log_path(root).read_text())]
+            rss = sum(_rss(pid) + sum(_rss(child) for child in _children(pid)) for pid in pids[-1:])
+            rows.append((f"the warm grader's resident memory (with its runners' warm parent): {rss / 2**20:.0f} MiB",
+                         None, None))
+        finally:
+            for pid in pids:
+                try:
+                    os.killpg(pid, 15)
+                except OSError:
+                    pass
+        untouched = Path(tmp) / "untouched"
+        untouched.mkdir()
+        for folder in ("graders", "solutions", "katas"):
+            shutil.copytree(ROOT / folder, untouched / folder)
+
+        def kata(*args):
+            start = time.monotonic()
+            subprocess.run([sys.executable, "-m", "diffusion_katas", *args], cwd=untouched,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=learner_env(), check=False)
+            return time.monotonic() - start
+
+        rows.append(("first `kata progress` on an untouched course", kata("progress"), None))
+        rows.append(("`kata see 01` on a TODO lab", statistics.median(kata("see", "01") for _ in range(runs)), None))
+    return rows
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--labs", nargs="*", default=["01", "05", "11"])
+    parser.add_argument("--plain-only", action="store_true", help="only rows 5 and 6 (and the floor)")
     args = parser.parse_args()
 
     from diffusion_katas.commands.running import WarmGrader
@@ -108,7 +202,7 @@ def main() -> int:
     rows = [("python -c 'import torch, pytest' (floor)", floor, None)]
     warm = WarmGrader(course, seed=1)
     try:
-        for name in args.labs:
+        for name in ([] if args.plain_only else args.labs):
             lab = course.resolve_lab(name)
             target = f"katas/{lab}.py"
             cold = statistics.median(timed([sys.executable, "-m", "pytest", target, "--solutions", "-q",
@@ -125,8 +219,12 @@ def main() -> int:
                          min(one[1])))
     finally:
         warm.close()
+    rows += plain_runs(args.labs, args.runs)
     print(f"| what | median s | x floor | best s |\n|---|---|---|---|")
     for what, seconds, best in rows:
+        if seconds is None:
+            print(f"| {what} | | | |")
+            continue
         print(f"| {what} | {seconds:.2f} | {seconds / floor:.2f}x | {'' if best is None else f'{best:.2f}'} |")
     return 0
 

@@ -5,6 +5,7 @@ the solution file, swaps one function's solution block for the given body, and r
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +27,9 @@ budgets.peak_bytes(lambda: torch.ones(1) + 1)
 budgets.flops(lambda: torch.ones(1, 1) @ torch.ones(1, 1))
 
 REPO = Path(__file__).resolve().parent.parent
+# No run of these tests hands its grading to a course's warm grader or starts one (core/warm.py): each grades in
+# its own process, as the test says. tests/test_warm_grader.py turns it back on for what it tests.
+os.environ["KATA_NO_WARM"] = "1"
 # Labs whose kata file loads the learner's own earlier kata files (they sit beside it).
 BUILDS_ON = {"12_end_to_end": ("04_classifier_free_guidance", "06_vae_latents", "07_pipeline_components")}
 

@@ -231,19 +231,19 @@ def test_progress_answers_from_the_record_and_grades_again_only_the_lab_that_cha
         m.setattr(learner, "grade", lambda *a, **k: pytest.fail("nothing changed: progress must not grade"))
         code, out, err = run(capsys, "progress", "--root", str(root))
         assert code == 0, err
-        assert "no kata file changed since, nothing graded again" in out
+        assert "no kata file changed since, nothing graded again" in " ".join(out.split())  # the header wraps
         rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
         assert "0/6" in rows[LAB] and f"next: {FIRST} (TODO)" in rows[LAB]
         assert f"next: {FIRST} (FAILED)" in rows[AGAIN]
         kata_file = root / "katas" / f"{LAB}.py"
         os.utime(kata_file, ns=(kata_file.stat().st_atime_ns, kata_file.stat().st_mtime_ns + 10**9))
         code, out, err = run(capsys, "progress", "--root", str(root))  # saved again, unchanged: still nothing
-        assert code == 0 and "nothing graded again" in out, err
+        assert code == 0 and "nothing graded again" in " ".join(out.split()), err
 
     write_wrong(root, LAB)
     done = kata(root, "progress")
     assert done.returncode == 0, done.stderr
-    assert f"graded {LAB} again" in done.stdout
+    assert f"graded {LAB} again" in " ".join(done.stdout.split())
     after = saved(root)
     assert after["last_run"]["labs"] == [LAB]  # the one lab that changed, and only it, was graded
     labs = {e["lab"]: e for e in after["labs"]}

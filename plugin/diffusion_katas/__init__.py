@@ -7,4 +7,7 @@ Subpackages by role, dependencies pointing one way (a test reads the imports):
     pytest_plugin  the pytest plugin (entry point `diffusion_katas`): options, collection, reporting
     commands       the `kata` command line: learner, instructor and maintainer commands, which talk to
                    pytest only through its subprocess and the results file
+
+PYTEST_DONT_REWRITE: the package asserts nothing that pytest's rewriting would explain, and the warm grader
+(commands/warm.py) imports it before its first pytest.main, which would otherwise warn about every run.
 """

@@ -42,6 +42,8 @@ SECRET_FD_HELP = ("Read the hidden seed and hidden cases as JSON ({\"hidden_seed
                   "never on a command line, in the environment or in a file)")
 HIDDEN_OUTPUT_HELP = "What a failing hidden check shows: its name only (default) or the full message"
 FUNCTION_HELP = "Grade only this kata function (exact name; repeat for several)"
+NO_WARM_HELP = ("Grade in this process, not in the course's warm grader (which later runs of kata files use: "
+                "core/warm.py), and start none (also KATA_NO_WARM=1)")
 JSON_HELP = "Write every graded item, the seed and the torch/diffusers versions as JSON to PATH"
 TIMEOUT_HELP = "Seconds one kata check may run before it fails as timed out (pytest-timeout)"
 MEMORY_HELP = ("GiB of memory the learner's code may take beyond what its process starts with (the warm runner's "
@@ -71,6 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-function", action="append", default=[], metavar="NAME", help=FUNCTION_HELP)
     group.addoption("--kata-hints-unseen", action="store_true", default=False, help=UNSEEN_HELP)
     group.addoption("--kata-reuse-builds", action="store_true", default=False, help=REUSE_HELP)
+    group.addoption("--kata-no-warm", action="store_true", default=False, help=NO_WARM_HELP)
     group.addoption("--kata-json", default=None, metavar="PATH", help=JSON_HELP)
     group.addoption("--gradescope", default=None, metavar="PATH", help=GRADESCOPE_HELP)
     group.addoption("--kata-hidden-seed", default=None, metavar="SECRET", help=HIDDEN_SEED_HELP)
@@ -95,6 +98,21 @@ def _number(config: pytest.Config, name: str, unit: str) -> float:
         return float(config.getini(name))
     except ValueError:
         raise pytest.UsageError(f"{name} must be a number of {unit}, got {config.getini(name)!r} from the config file")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """A learner's run of kata files goes to the course's warm grader when one is running (pytest_plugin/warm.py),
+    which runs it exactly as this process would, on this terminal; else it is graded here."""
+    from diffusion_katas.pytest_plugin import warm
+
+    return warm.hand_over(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from diffusion_katas.pytest_plugin import warm
+
+    warm.start_if_asked(config)
 
 
 def pytest_configure(config: pytest.Config) -> None:

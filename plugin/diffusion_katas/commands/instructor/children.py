@@ -139,6 +139,7 @@ def _run_child(project: Path, config: Path, marker: str, pytest_args: list[str],
     for key in [k for k in env if k.startswith("KATA_HIDDEN")]:
         env.pop(key)  # hidden seeds travel on the pipe only
     env.pop("KATA_BOX", None)
+    env["KATA_NO_WARM"] = "1"  # graded in its own process, never by a warm grader (core/warm.py), nor starting one
     if box is not None:  # the child opens its kata folder to it (engine/sandbox.py, open_to_box)
         env["KATA_BOX"] = str(box)
     read, writer = feed(secret)

@@ -275,10 +275,11 @@ def cmd_progress(args) -> int:
             seed = grading.report.get("seed")
             header = (f"kata progress · graded in {grading.seconds:.0f} s (seed {seed})" if whole else
                       f"kata progress · graded {', '.join(stale)} again in {grading.seconds:.0f} s (seed {seed}); "
-                      "the other labs are from the last grading")
+                      + (f"{len(read)} untouched lab(s) read as TODO" if read else
+                         "the other labs are from the last grading"))
     import textwrap
 
-    header = textwrap.fill(header, COLUMNS, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+    header = textwrap.fill(header, COLUMNS, break_on_hyphens=False, break_long_words=False)  # rows are indented
     print("\n".join([header, *progress_lines(course, report, attempted)]))
     return 0
 
