@@ -153,7 +153,26 @@ TILE_CASES = [
     dict(latent=(8, 8), tile=8, overlap=0.25, batch=2),
     # A float16 VAE: the output stays in the decoder's dtype (an output allocated in float32 is wrong).
     dict(latent=(11, 19), tile=8, overlap=0.25, batch=1, dtype="float16"),
+    # An x4 VAE (three blocks): the scale factor comes from the VAE's config, not SD's 8.
+    dict(latent=(13, 17), tile=8, overlap=0.25, batch=1, downsample=4),
 ]
+
+
+@functools.cache
+def _vae4():
+    """An x4 tiny VAE (three blocks), built once from a fixed seed."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(20240612)
+    vae = tiny.vae(downsample=4, sample_size=32)
+    torch.random.set_rng_state(state)
+    return vae
+
+
+@functools.cache
+def _vae4_double():
+    import copy
+
+    return copy.deepcopy(_vae4()).double()
 
 
 @functools.cache
@@ -175,10 +194,11 @@ def _vae8_double(half: bool = False):
 @tiled_decode.check("vs AutoencoderKL.tiled_decode", cases=TILE_CASES, tol=TILE_BLEND)
 def _(case, g):
     half = case.get("dtype") == "float16"
-    vae = _vae8_half() if half else _vae8()
+    four = case.get("downsample") == 4
+    vae = _vae4() if four else _vae8_half() if half else _vae8()
     configure_tiling(vae, case["tile"], case["overlap"])
     z = torch.randn((case["batch"], 4) + case["latent"], generator=g).to(torch.float16 if half else torch.float32)
-    twin = _vae8_double(half)
+    twin = _vae4_double() if four else _vae8_double(half)
     configure_tiling(twin, case["tile"], case["overlap"])
     with torch.no_grad():
         expected = vae.tiled_decode(z).sample
@@ -189,10 +209,10 @@ def _(case, g):
                     expected=expected, exact=exact, on_mismatch=difference_png(expected, name))
 
 
-def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False):
+def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False, vsf=None):
     """A whole-tile tiled decode with switches for the traps (fresh_neighbours: blend against
-    neighbours as decoded, before their own blending)."""
-    vsf = 2 ** (len(vae.config.block_out_channels) - 1)
+    neighbours as decoded, before their own blending; vsf: a scale factor other than the VAE's)."""
+    vsf = vsf or 2 ** (len(vae.config.block_out_channels) - 1)
     stride, e = int(t * (1 - overlap)), int(t * vsf * overlap)
     keep = t * vsf - e
     decoded = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
@@ -216,6 +236,14 @@ def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_ne
 @torch.no_grad()
 def _(vae, latents, tile_latent_size, overlap_factor):
     return _tiles(vae, latents, tile_latent_size, overlap_factor, fresh_neighbours=True)
+
+
+@tiled_decode.trap("the VAE scale factor hard-coded to SD's 8",
+                   hint="Pixels per latent depend on the VAE: vsf = 2 ** (len(vae.config.block_out_channels) - 1) "
+                        "(8 for SD's VAE, 4 for this three-block one); the blend extent and the kept size follow.")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, vsf=8)
 
 
 @tiled_decode.trap("the output in float32 although the decoder (and its tiles) are float16",

@@ -25,6 +25,7 @@ Traps:
       above and the tile to the left are already blended when they are used.
     - Holding every decoded tile until the end (what diffusers does): correct, but the peak grows
       with the image again. Keep only the strips the next blends need.
+    - SD's 8 pixels per latent written in: the factor is the VAE's, 2^(len(block_out_channels) − 1).
     - Chunking attention over keys and normalising each chunk's softmax on its own.
     - The scale 1/√d, and a mask added after the softmax instead of before.
 

@@ -70,6 +70,12 @@ MUTANTS = [
      changed("tiled_decode", "tile.new_empty(B, tile.shape[1], sum(heights), sum(widths))",
              "torch.empty(B, tile.shape[1], sum(heights), sum(widths))"),
      "the output in float32 although the decoder"),
+    ("tiled_decode",  # SD's 8 pixels per latent, whatever the VAE: the x4 VAE's tiles cropped and blended wrong
+     DIFFUSERS_STYLE_TILED_DECODE.replace("vsf = 2 ** (len(vae.config.block_out_channels) - 1)", "vsf = 8"),
+     "the VAE scale factor hard-coded to SD's 8"),
+    ("tiled_decode",  # the same in the solution: its output, sized for 8, cannot take the x4 VAE's tiles
+     changed("tiled_decode", "vsf = 2 ** (len(vae.config.block_out_channels) - 1)", "vsf = 8"),
+     Fails("crash", "downsample=4")),
     ("chunked_attention",  # the default scale from the value's width: right only when d_v = d
      changed("chunked_attention", "d = query.shape[-1]", "d = value.shape[-1]"),
      "the default scale taken from the value's width"),

@@ -194,6 +194,7 @@ LESSON_TRAPS = {
         ("Blending against neighbours that were not blended yet",
          trap("blended against neighbours that were not blended yet")),
         ("Holding every decoded tile until the end", budget("peak bytes flat as the image grows")),
+        ("SD's 8 pixels per latent written in", trap("the VAE scale factor hard-coded to SD's 8")),
         ("Chunking attention over keys and normalising each chunk's softmax",
          trap("keys chunked, each chunk's softmax normalised on its own")),
         ("The scale 1/√d, and a mask added after the softmax",

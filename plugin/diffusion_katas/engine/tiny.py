@@ -41,10 +41,10 @@ def unet_cond(sample_size: int = 8):
 
 
 def vae(downsample: int = 2, sample_size: int = 32):
-    """An AutoencoderKL with 4 latent channels; `downsample` 2 (two blocks) or 8 (four blocks, SD-like)."""
+    """An AutoencoderKL with 4 latent channels; `downsample` 2 (two blocks), 4 (three) or 8 (four, SD-like)."""
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
-    blocks = {2: (8, 16), 8: (8, 8, 16, 16)}[downsample]
+    blocks = {2: (8, 16), 4: (8, 8, 16), 8: (8, 8, 16, 16)}[downsample]
     return AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, block_out_channels=blocks,
         down_block_types=("DownEncoderBlock2D",) * len(blocks),
