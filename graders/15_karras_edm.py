@@ -405,15 +405,16 @@ edm_denoised = Kata(
     answer_key=(f"{EDM}.precondition_outputs",),
 )
 
-# float32 only: step upcasts the sample before this, and for a float16 model diffusers multiplies c_out·F in
-# float16 and returns float32, up to 2e-4 from exact math (more than a float32 output's shadow may allow);
-# float16 models are graded through edm_euler_step, whose output is float16.
+# A float16 model too: diffusers multiplies c_out·F in float16 and returns float32 (step upcast the sample), so
+# the output is float32 whatever the model's dtype, as the docstring says (an x̂₀ left in float16 fails).
 DENOISED_CASES = [
     dict(shape=(3, 4, 8, 8), dtype="float32", sigma_data=0.5, prediction_type="epsilon"),
     dict(shape=(2, 4, 8, 8), dtype="float32", sigma_data=0.5, prediction_type="v_prediction"),
     dict(shape=(1, 4, 16, 16), dtype="float32", sigma_data=0.5, prediction_type="epsilon"),
     dict(shape=(3, 4, 8, 8), dtype="float32", sigma_data=1.0, prediction_type="v_prediction"),  # lab 03's v
     dict(shape=(4, 3, 8, 8), dtype="float32", sigma_data=0.25, prediction_type="epsilon"),
+    dict(shape=(2, 4, 8, 8), dtype="float16", sigma_data=0.5, prediction_type="epsilon"),
+    dict(shape=(3, 4, 8, 8), dtype="float16", sigma_data=1.0, prediction_type="v_prediction"),
 ]
 
 

@@ -115,6 +115,8 @@ MUTANTS = [
     ("edm_denoised", denoised_body(s="sigma.double()[:1].reshape(-1, 1, 1, 1)"), "one σ for the whole batch"),
     ("edm_denoised",  # c_skip with σ_data unsquared in the numerator
      denoised_body(c_skip="sigma_data / (s ** 2 + sigma_data ** 2)"), Fails("wrong", "values differ")),
+    ("edm_denoised",  # x̂₀ left in the model's dtype: float16 for a float16 model, though step works in float32
+     denoised_body(cast=".to(model_output.dtype)"), Fails("wrong", "dtype")),
     ("edm_euler_step", step_body(update="x + (sigma_next - sigma) * model_output.float()"),
      "the network output used as the slope"),
     ("edm_euler_step", step_body(update="d0"), "returned x̂₀ instead of the next sample"),
@@ -157,6 +159,14 @@ MUTANTS += [
 
 # Right answers written another way: each must pass (see test_mutants.py).
 ALTERNATIVES = [
+    ("edm_denoised",  # diffusers' own arithmetic: c_out·F in the model's dtype, the sum in float32
+     """
+     s = sigma.float().reshape(-1, 1, 1, 1)
+     c_skip = sigma_data ** 2 / (s ** 2 + sigma_data ** 2)
+     c_out = s * sigma_data / (s ** 2 + sigma_data ** 2) ** 0.5 * (-1 if prediction_type == "v_prediction" else 1)
+     return c_skip * sample.float() + c_out.to(model_output.dtype) * model_output
+     """,
+     "diffusers' own order: the product with F in a float16 model's dtype, returned float32"),
     ("karras_sigmas",
      ladder_body(ramp="torch.linspace(0, 1, num_inference_steps)"),
      "the ladder in float32 throughout (a few float32 ulps from diffusers' float64-then-cast)"),

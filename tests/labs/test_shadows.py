@@ -99,7 +99,10 @@ def test_every_float_check_has_a_shadow_and_diffusers_is_within_rounding_of_it(l
         assert x.dtype == torch.float64 and x.shape == e.shape
         ok = torch.isfinite(x)
         worst = float(((e - x).abs() / (1 + x.abs()))[ok].max()) if ok.any() else 0.0
-        assert worst <= ROUNDING[scenario.expected.dtype], (
+        # a float16 case rounds as float16 wherever diffusers computes in it, whatever dtype it returns
+        # (lab 15's x̂₀: c_out·F in a float16 model's dtype, returned float32)
+        bound = ROUNDING[torch.float16] if case.get("dtype") == "float16" else ROUNDING[scenario.expected.dtype]
+        assert worst <= bound, (
             f"{lab} {kata.name} [{check.name}] {case} {scenario.label}: diffusers is {worst:.3g} from its shadow")
 
 
