@@ -315,7 +315,41 @@ def _q8_input(kind: str, rows: int, cols: int, g) -> torch.Tensor:
         x[0, :32] = 0.0
     elif kind == "outlier":  # one large weight per row: a per-row scale would crush the rest
         x[:, 5] = 40.0
+    elif kind == "boundary":
+        x = torch.stack([_boundary_block(g) for _ in range(rows * cols // 32)]).reshape(rows, cols)
     return x
+
+
+def _roundf(s: torch.Tensor) -> torch.Tensor:
+    a = s.abs()
+    return s.sign() * (a.floor() + (2 * (a - a.floor())).floor())
+
+
+def _boundary_block(g) -> torch.Tensor:
+    """32 float32 values whose scaled values sit at the float32 neighbours of half-integers: where ggml's
+    x·(1/d) rounds one way and x/d, or floor(|x·(1/d)| + 0.5) in float32, the other. The block's max sets a d
+    whose reciprocal is inexact; the other 31 values alternate between the two mistakes they expose (the second
+    only just below ½, where |s| + 0.5 lands in a coarser binade than |s| and rounds up to 1)."""
+    top = torch.tensor(100.0 + 27.0 * float(torch.rand((), generator=g)), dtype=torch.float32)
+    d = top / 127
+    inv = 1 / d
+    values = [top]
+    for i, k in enumerate(torch.randint(0, 126, (31,), generator=g).tolist()):
+        k = k if i % 2 == 0 else 0
+        x0 = torch.tensor((k + 0.5) * float(d), dtype=torch.float32)
+        candidates = [x0]
+        for direction in (1.0, -1.0):
+            x = x0
+            for _ in range(8):
+                x = torch.nextafter(x, torch.tensor(direction * 1e9))
+                candidates.append(x)
+        right = [_roundf(c * inv) for c in candidates]
+        divided = [_roundf(c / d) for c in candidates]
+        plus_half = [(c * inv).abs().add(0.5).floor() for c in candidates]  # float32 arithmetic
+        wanted = divided if i % 2 == 0 else plus_half
+        pick = next((c for c, r, w in zip(candidates, right, wanted) if r != w), x0)
+        values.append(pick if float(torch.rand((), generator=g)) < 0.5 else -pick)
+    return torch.stack(values)[torch.randperm(32, generator=g)]
 
 
 def _gguf_q8_0(x: torch.Tensor) -> torch.Tensor:
@@ -325,6 +359,7 @@ def _gguf_q8_0(x: torch.Tensor) -> torch.Tensor:
 
 
 Q8_CASES = [dict(kind="gaussian", rows=3, cols=64), dict(kind="ties", rows=2, cols=64),
+            dict(kind="boundary", rows=2, cols=64),  # scaled values a float32 ulp from half-integers
             dict(kind="small", rows=4, cols=32), dict(kind="zero_block", rows=2, cols=96),
             dict(kind="outlier", rows=2, cols=128)]
 
@@ -337,13 +372,20 @@ def _(case, g):
                           f"{case['rows'] * case['cols'] // 32} blocks of 34 bytes")
 
 
-def _q8(x, *, round_even=False, per_row=False, divide_by_half=False, scale_last=False):
+def _q8(x, *, round_even=False, per_row=False, divide_by_half=False, scale_last=False, divide=False,
+        plus_half=False):
     blocks = x.reshape(x.shape[0], -1) if per_row else x.reshape(-1, 32)
     d = blocks.abs().amax(dim=1, keepdim=True) / 127
     used = d.half().float() if divide_by_half else d
-    scaled = blocks * torch.where(used == 0, torch.zeros_like(used), 1 / used)
+    if divide:
+        scaled = torch.where(used == 0, torch.zeros_like(blocks), blocks / used)
+    else:
+        scaled = blocks * torch.where(used == 0, torch.zeros_like(used), 1 / used)
     a = scaled.abs()
-    q = scaled.round() if round_even else scaled.sign() * (a.floor() + (2 * (a - a.floor())).floor())
+    if plus_half:
+        q = scaled.sign() * (a + 0.5).floor()
+    else:
+        q = scaled.round() if round_even else scaled.sign() * (a.floor() + (2 * (a - a.floor())).floor())
     if per_row:  # the row's one scale written in front of each of its blocks
         d = d.repeat_interleave(x.shape[1] // 32, dim=0)
         q = q.reshape(-1, 32)
@@ -357,6 +399,21 @@ def _q8(x, *, round_even=False, per_row=False, divide_by_half=False, scale_last=
                          "Round the magnitude with floor(a) + floor(2·(a − floor(a))) and put the sign back.")
 def _(x):
     return _q8(x, round_even=True)
+
+
+@quantize_q8_0.trap("divided by d (x / d) instead of multiplied by its float32 reciprocal (ggml's x · (1/d))",
+                    hint="ggml computes id = 1/d once and multiplies: x·(1/d) and x/d round differently in float32, "
+                         "and where the result sits a hair from a half-integer the quant differs by one.")
+def _(x):
+    return _q8(x, divide=True)
+
+
+@quantize_q8_0.trap("rounded as floor(|x| + 0.5) in float32, which rounds up just below a half",
+                    hint="|s| + 0.5 can itself round up to the next integer when |s| is the float just below k + ½. "
+                         "Round the magnitude as floor(a) + floor(2·(a − floor(a))), as ggml's roundf-equivalent "
+                         "does, and put the sign back.")
+def _(x):
+    return _q8(x, plus_half=True)
 
 
 @quantize_q8_0.trap("one scale per row instead of per 32-value block",

@@ -46,6 +46,8 @@ Traps:
     - Q8_0 rounding: ggml rounds half away from zero (C's roundf); torch.round rounds half to even.
       And it divides by the float32 d before storing d as float16: dividing by the float16-rounded d
       gives other integers wherever the rounding moved d (small blocks, whose d is subnormal in float16).
+      It multiplies by the float32 reciprocal 1/d: x / d rounds otherwise a hair from a half-integer, and
+      floor(|s| + 0.5) rounds s just below ½ up to 1 (the sum lands in a coarser binade).
     - Reading the quants as uint8: a negative weight's byte 0xFF is −1 as int8 and 255 as uint8.
 
 Precision:

@@ -66,6 +66,12 @@ MUTANTS = [
      "divided by the float16-rounded scale"),
     ("quantize_q8_0",  # x + 0.5 floored, ignoring the sign: negative values round toward +inf
      quantize_body(round_="(s + 0.5).floor()"), Fails("wrong", "")),
+    ("quantize_q8_0",  # divided by d, not multiplied by ggml's float32 reciprocal
+     quantize_body(inv="torch.where(d == 0, torch.zeros_like(d), 1 / d)").replace(
+         "s = b * torch.where(d == 0, torch.zeros_like(d), 1 / d)",
+         "s = torch.where(d == 0, torch.zeros_like(b), b / d)"), "divided by d (x / d)"),
+    ("quantize_q8_0",  # half away from zero as floor(|s| + 0.5), signed: right except just below ½
+     quantize_body(round_="s.sign() * (a + 0.5).floor()"), "rounded as floor(|x| + 0.5) in float32"),
     ("quantize_q8_0",  # the scale from 128 (int8's −128 end) instead of 127
      quantize_body(inv="torch.where(d == 0, torch.zeros_like(d), 127 / (128 * d))"), Fails("wrong", "")),
     ("dequantize_q8_0", dequantize_body(q="b[:, 2:].to(torch.float16)"), "the quants read as uint8"),

@@ -314,7 +314,9 @@ LESSON_TRAPS = {
         ("Q8_0 with one scale per row", trap("one scale per row instead of per 32-value block")),
         ("Q8_0 rounding", trap("rounded half to even (torch.round) instead of half away from zero (C's roundf)",
                                "divided by the float16-rounded scale (ggml divides by the float32 d, then stores it "
-                               "as float16)")),
+                               "as float16)",
+                               "divided by d (x / d) instead of multiplied by its float32 reciprocal (ggml's x · (1/d))",
+                               "rounded as floor(|x| + 0.5) in float32, which rounds up just below a half")),
         ("Reading the quants as uint8", trap("the quants read as uint8 (a negative weight's 0xFF becomes 255, not −1)",
                                              "the scale read from the block's last two bytes (a block is [d, q])")),
     ],
