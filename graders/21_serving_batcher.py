@@ -234,7 +234,16 @@ serve = Kata(
 def expected_batches(requests, max_rows=None) -> list[int]:
     """The rows of each denoiser call under the docstring's rules: cancelled requests leave first; arrived ones
     join in list order while their rows fit under max_rows (no overtaking); finished ones leave after their step."""
-    pending, active, sizes, tick = list(requests), [], [], 0
+    return _schedule(requests, max_rows)[0]
+
+
+def finishing(requests, max_rows=None) -> set[str]:
+    """The ids of the requests that take their last step (a cancel_at after that tick comes too late to matter)."""
+    return _schedule(requests, max_rows)[1]
+
+
+def _schedule(requests, max_rows=None) -> tuple[list[int], set[str]]:
+    pending, active, sizes, tick, done = list(requests), [], [], 0, set()
     rows = lambda r: 2 if r["guidance_scale"] > 1 else 1  # noqa: E731
     while pending or active:
         active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
@@ -250,9 +259,11 @@ def expected_batches(requests, max_rows=None) -> list[int]:
             sizes.append(sum(2 if a[0]["guidance_scale"] > 1 else 1 for a in active))
             for a in active:
                 a[1] += 1
+                if a[1] == a[0]["num_inference_steps"]:
+                    done.add(a[0].get("id"))
             active = [a for a in active if a[1] < a[0]["num_inference_steps"]]
         tick += 1
-    return sizes
+    return sizes, done
 
 
 SERVE_CASES = [
@@ -265,6 +276,10 @@ SERVE_CASES = [
                                   (4.0, 3, 1, None), (1.0, 3, 1, None)), latent_shape=(4, 8, 8), max_rows=4),
     dict(scheduler="euler", specs=((4.0, 4, 0, None), (1.0, 5, 0, None), (6.0, 3, 7, None)), latent_shape=(4, 8, 12)),
     dict(scheduler="ddim", specs=((2.5, 3, 0, None), (3.0, 4, 1, 0)), latent_shape=(4, 4, 4)),
+    # Euler (whose scheduler counts its steps) with two requests of the same length in the same ticks: one
+    # scheduler per step count, shared, steps twice per tick; and r2, cancelled at tick 9, finished at tick 2
+    # and keeps its result
+    dict(scheduler="euler", specs=((3.0, 4, 0, None), (5.0, 4, 1, None), (1.0, 3, 0, 9)), latent_shape=(4, 8, 8)),
 ]
 
 
@@ -290,9 +305,10 @@ def _verify_batches(probe, requests, expected, max_rows):
 def _(case, g):
     pipe = pipeline(case["scheduler"])
     requests = make_requests(case["specs"], g)
-    expected = {r["id"]: solo(pipe, r, case["latent_shape"]) for r in requests if r["cancel_at"] is None}
-    probe = DenoiserProbe(pipe.unet)
     max_rows = case.get("max_rows")
+    done = finishing(requests, max_rows)
+    expected = {r["id"]: solo(pipe, r, case["latent_shape"]) for r in requests if r["id"] in done}
+    probe = DenoiserProbe(pipe.unet)
     return Scenario(inputs=dict(unet=probe, scheduler=copy.deepcopy(pipe.scheduler), requests=requests,
                                 latent_shape=case["latent_shape"], max_rows=max_rows),
                     expected=expected, verify=_verify_batches(probe, requests, expected, max_rows),
@@ -301,8 +317,9 @@ def _(case, g):
 
 
 def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_scheduler=False, shared_generator=False,
-           unscaled=False, sigma_first=False):
+           unscaled=False, sigma_first=False, per_length=False, drop_cancelled=False):
     pending, active, finished, tick = list(requests), [], {}, 0
+    by_length = {}
     generator = torch.Generator().manual_seed(requests[0]["seed"]) if shared_generator else None
     while pending or active:
         active = [a for a in active if a["r"]["cancel_at"] is None or a["r"]["cancel_at"] > tick]
@@ -314,9 +331,11 @@ def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_sch
                 break
             used += need
             pending.remove(r)
-            own = scheduler if shared_scheduler else copy.deepcopy(scheduler)
+            n = r["num_inference_steps"]
+            own = scheduler if shared_scheduler else by_length.setdefault(n, copy.deepcopy(scheduler)) if per_length \
+                else copy.deepcopy(scheduler)
             sigma = own.init_noise_sigma  # read before set_timesteps: the trap below keeps it
-            own.set_timesteps(r["num_inference_steps"])
+            own.set_timesteps(n)
             x = torch.randn((1, *latent_shape), generator=generator or torch.Generator().manual_seed(r["seed"]))
             active.append({"r": r, "s": own, "k": 0,
                            "x": x if unscaled else x * (sigma if sigma_first else own.init_noise_sigma)})
@@ -338,7 +357,23 @@ def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_sch
                     finished[a["r"]["id"]] = a["x"]
             active = [a for a in active if a["k"] < len(a["s"].timesteps)]
         tick += 1
+    if drop_cancelled:
+        return {k: v for k, v in finished.items() if next(r for r in requests if r["id"] == k)["cancel_at"] is None}
     return finished
+
+
+@serve.trap("one scheduler per step count, shared by the requests of that length (Euler counts its steps)",
+            hint="Requests of the same length still need schedulers of their own: EulerDiscreteScheduler keeps a step "
+                 "index (and its σ's) that every step call advances. copy.deepcopy(scheduler) for each request.")
+def _(**kw):
+    return _serve(**kw, per_length=True)
+
+
+@serve.trap("a request cancelled after it finished left without its result",
+            hint="A cancel_at only matters while the request is waiting or active: one that took its last step before "
+                 "that tick has already finished, and its latents are in the result.")
+def _(**kw):
+    return _serve(**kw, drop_cancelled=True)
 
 
 @serve.trap("one scheduler shared by every request (set_timesteps for one resets the others)",

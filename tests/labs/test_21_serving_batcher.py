@@ -107,6 +107,15 @@ MUTANTS = [
     ("split_guided",  # the first request's scale for everyone
      split_body(scale="guidance_scales[0]"), Fails("wrong", "")),
     ("serve", serve_body(own="scheduler"), "one scheduler shared by every request"),
+    ("serve",  # one scheduler per step count: fine for DDIM, whose step keeps no count; Euler's does
+     serve_body(own="by_length.setdefault(r['num_inference_steps'], copy.deepcopy(scheduler))").replace(
+         "pending, active, done, tick = list(requests), [], {}, 0",
+         "pending, active, done, tick = list(requests), [], {}, 0\n    by_length = {}"),
+     "one scheduler per step count, shared by the requests of that length"),
+    ("serve",  # every request with a cancel_at left out of the result, even one that finished before it
+     serve_body().replace("    return done", "    return {k: v for k, v in done.items() "
+                                           "if next(r for r in requests if r['id'] == k)['cancel_at'] is None}"),
+     "a request cancelled after it finished left without its result"),
     ("serve", serve_body(gen="shared_generator"
                          ).replace("pending, active, done, tick = list(requests), [], {}, 0",
                                    "pending, active, done, tick = list(requests), [], {}, 0\n"
@@ -200,4 +209,8 @@ def test_the_cases_vary_what_the_lesson_teaches():
     assert {c["scheduler"] for c in grader.SERVE_CASES} == {"ddim", "euler"}
     assert any(s[0] <= 1 for s in specs) and any(s[0] > 1 for s in specs)
     assert any(s[2] > 0 for s in specs) and any(s[3] is not None and s[3] <= s[2] for s in specs)
+    # a cancellation that comes after the request finished; two Euler requests of one length side by side
+    assert any(s[3] is not None and s[3] > s[2] + s[1] for s in specs)
+    assert any(c["scheduler"] == "euler" and len({s[1] for s in c["specs"]}) < len(c["specs"])
+               for c in grader.SERVE_CASES)
     assert len({s[1] for s in specs}) >= 3

@@ -257,7 +257,20 @@ class KataItem(pytest.Item):
             where = _todo_origin(error.frames, self.parent.source)
             if where is not None:
                 raise KataTodo(self.kata.name, where) from None
-        raise LearnerCrash(self.last_context, error)
+        raise LearnerCrash(self.last_context, error, self._crash_trap(inputs, error))
+
+    def _crash_trap(self, inputs: dict, error):
+        """The first trap that, run on the same inputs, raises the same error (its type and message): the mistake
+        that explains a crash (lab 21's Euler scheduler shared by two requests steps past its last σ)."""
+        from diffusion_katas.engine.isolation import fresh
+
+        for trap in self.kata.traps:
+            try:
+                trap.fn(**fresh(inputs))
+            except Exception as exc:  # noqa: BLE001  (a trap's own error is what is compared)
+                if type(exc).__name__ == error.type_name and str(exc) == error.message:
+                    return trap
+        return None
 
     def run_check(self, check: Check, fn) -> None:
         """Every case of `check` through the learner's function, against the reference."""

@@ -16,10 +16,11 @@ class KataTodo(Exception):
 class LearnerCrash(Exception):
     """The learner's function raised: `exc` is the runner's report of it (a RemoteError)."""
 
-    def __init__(self, context: str, exc: BaseException):
+    def __init__(self, context: str, exc: BaseException, trap=None):
         super().__init__(context)
         self.context = context
         self.exc = exc
+        self.trap = trap  # a declared mistake that raises the same error on the same inputs: it explains the crash
 
 
 class BudgetWaits(Exception):

@@ -180,7 +180,9 @@ def failure_text(item, excinfo) -> str:
         crash = excinfo.value
         exc = crash.exc
         body = (f"{crash.context}\n  your function raised {exc.type_name}: {exc.message}\n"
-                + _learner_frames(exc.frames, item.parent.source, session))
+                + _learner_frames(exc.frames, item.parent.source, session)
+                + (f"  trap: {crash.trap.name} (it raises the same error on these inputs)\n    {crash.trap.hint}\n"
+                   if crash.trap is not None else ""))
     elif excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
         body = (f"{item.last_context or item.kata.name}\n  timed out after {session.timeout:g} s "
                 "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
