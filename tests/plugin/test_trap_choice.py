@@ -57,3 +57,23 @@ def test_a_trap_declared_nonfinite_is_named_on_an_output_with_no_finite_value(to
         '@double.trap("took the square root of a negative number", hint="hint for the root", nonfinite=True)'))
     toy.kata(double="return torch.sqrt(-(x.abs() + 1))")
     toy.run("katas").stdout.fnmatch_lines(["*trap: took the square root of a negative number*"])
+
+
+CRASH_TRAP = '''
+
+@double.trap("indexed past the end", hint="hint for the index")
+def _(x):
+    return x[x.shape[0] + 3] * 2
+'''
+
+
+def test_a_crash_is_named_by_the_trap_that_raises_the_same_error_on_the_same_inputs(toy):
+    grader = toy.pytester.path / "graders" / "01_toy.py"
+    grader.write_text(grader.read_text() + CRASH_TRAP)
+    toy.kata(double="return x[x.shape[0] + 3] * 2")  # the trap's own mistake: the same IndexError
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*your function raised IndexError*",
+                                 "*trap: indexed past the end (it raises the same error on these inputs)*",
+                                 "*hint for the index*"])
+    toy.kata(double="return x[x.shape[0] + 4] * 2")  # another index: another message, no name
+    assert "trap: indexed past the end" not in toy.run("katas").stdout.str()
