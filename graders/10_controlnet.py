@@ -536,7 +536,21 @@ STEP_CASES = [
     dict(batch=2, spacing="trailing", guidance_scale=5.0, conditioning_scale=0.6, guess_mode=False),
     dict(batch=2, spacing="leading", guidance_scale=4.0, conditioning_scale=1.0, guess_mode=True),
     dict(batch=1, spacing="trailing", guidance_scale=3.0, conditioning_scale=0.7, guess_mode=True),
+    # Euler: scale_model_input divides by √(σ² + 1) (DDIM's is the identity), both for the UNet's batch and for
+    # ControlNet's input, and the latents start at init_noise_sigma
+    dict(batch=1, spacing="leading", guidance_scale=5.0, conditioning_scale=0.8, guess_mode=False, scheduler="euler"),
+    dict(batch=2, spacing="trailing", guidance_scale=4.0, conditioning_scale=1.0, guess_mode=True, scheduler="euler"),
 ]
+
+
+def _at_its_step(scheduler):
+    """A copy of the pipeline's scheduler that finds its step from the timestep it is given (Euler counts its
+    steps; a copy handed to one step must not carry the whole run's count)."""
+    own = copy.deepcopy(scheduler)
+    if hasattr(own, "_step_index"):
+        own._step_index = None
+        own._begin_index = None
+    return own
 
 
 @controlnet_cfg_step.check("vs StableDiffusionControlNetPipeline", cases=STEP_CASES, tol=MODEL_FORWARD)
@@ -546,8 +560,13 @@ def _(case, g):
     StableDiffusionControlNetPipeline = controlnet_pipeline_class()
     unet, controlnet = models("tiny")
     # "leading" with steps_offset 0 ends at t = 0; "trailing" starts at t = 999.
-    scheduler = DDIMScheduler(**sd_schedule(clip_sample=False, set_alpha_to_one=False,
-                                            timestep_spacing=case["spacing"]))
+    if case.get("scheduler") == "euler":
+        from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
+
+        scheduler = EulerDiscreteScheduler(**sd_schedule(timestep_spacing=case["spacing"]))
+    else:
+        scheduler = DDIMScheduler(**sd_schedule(clip_sample=False, set_alpha_to_one=False,
+                                                timestep_spacing=case["spacing"]))
     with quiet_diffusers():
         pipe = StableDiffusionControlNetPipeline(
             vae=tiny.vae(), text_encoder=None, tokenizer=None, unet=unet, controlnet=controlnet,
@@ -568,14 +587,16 @@ def _(case, g):
          controlnet_conditioning_scale=case["conditioning_scale"], guess_mode=case["guess_mode"],
          latents=latents.clone(), output_type="latent", callback_on_step_end=record,
          callback_on_step_end_tensor_inputs=["latents"])
-    shown = dict(unet=Shown(unet, "UNet2DConditionModel (tiny: 4 latent channels, text width 32)"),
-                 controlnet=Shown(controlnet, "ControlNetModel (from_unet of that UNet, control image ×2 "
-                                              "the latent size)"),
-                 scheduler=Shown(pipe.scheduler, f"DDIMScheduler ({case['spacing']} spacing, "
-                                                 f"timesteps {pipe.scheduler.timesteps.tolist()})"))
-    scenarios, before = [], latents
-    twins = dict(unet=double(unet), controlnet=double(controlnet), scheduler=float64_twin(pipe.scheduler))
+    name = type(pipe.scheduler).__name__
+    scenarios, before = [], latents * pipe.scheduler.init_noise_sigma  # as prepare_latents scales given latents
     for number, (t, expected) in enumerate(after, 1):
+        shown = dict(unet=Shown(unet, "UNet2DConditionModel (tiny: 4 latent channels, text width 32)"),
+                     controlnet=Shown(controlnet, "ControlNetModel (from_unet of that UNet, control image ×2 "
+                                                  "the latent size)"),
+                     scheduler=Shown(_at_its_step(pipe.scheduler), f"{name} ({case['spacing']} spacing, "
+                                                                  f"timesteps {pipe.scheduler.timesteps.tolist()})"))
+        twins = dict(unet=double(unet), controlnet=double(controlnet),
+                     scheduler=float64_twin(_at_its_step(pipe.scheduler)))
         # The shadow: the pipeline's loop body on float64 copies of its models and scheduler tables.
         exact = _step(**twins, latents=before.double(), timestep=t, prompt_embeds=prompt_embeds.double(),
                       negative_prompt_embeds=negative_prompt_embeds.double(), control_image=control_image.double(),
@@ -598,9 +619,15 @@ def double(module):
 
 def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negative_prompt_embeds, control_image,
           guidance_scale, conditioning_scale, guess_mode, *, control="normal", swap_halves=False,
-          pass_scale=True, pass_guess=True):
+          pass_scale=True, pass_guess=True, scaled=True):
     """One step with a chosen mistake; control: "guess" (right), "guess both halves", "guess zeros last"."""
-    x2, text = torch.cat([latents] * 2), torch.cat([negative_prompt_embeds, prompt_embeds])
+    scheduler = copy.deepcopy(scheduler)  # its own count of steps (Euler), as the learner's copy has
+    raw = latents
+    x2, text = scheduler.scale_model_input(torch.cat([latents] * 2), timestep), \
+        torch.cat([negative_prompt_embeds, prompt_embeds])
+    if not scaled:
+        x2 = torch.cat([latents] * 2)
+    latents = scheduler.scale_model_input(latents, timestep) if scaled else latents  # ControlNet's guess input
     extra = dict(conditioning_scale=conditioning_scale) if pass_scale else {}
     guess = guess_mode if pass_guess else False
     with torch.no_grad():
@@ -619,7 +646,16 @@ def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negativ
     u, c = noise.chunk(2)
     if swap_halves:
         u, c = c, u
-    return scheduler.step(u + guidance_scale * (c - u), timestep, latents).prev_sample
+    return scheduler.step(u + guidance_scale * (c - u), timestep, raw).prev_sample
+
+
+@controlnet_cfg_step.trap("the latents not passed through scheduler.scale_model_input (Euler divides by √(σ² + 1))",
+                          hint="Scale what the models see: scheduler.scale_model_input(torch.cat([latents] * 2), t) "
+                               "for the UNet's batch, and scale_model_input(latents, t) for ControlNet in guess mode; "
+                               "scheduler.step takes the unscaled latents. DDIM's scaling is the identity, Euler's is "
+                               "not.")
+def _(**kw):
+    return _step(**kw, scaled=False, control="guess")
 
 
 @controlnet_cfg_step.trap("guess mode: ControlNet run on both halves instead of the conditional half only",

@@ -71,6 +71,7 @@ if TYPE_CHECKING:  # types only: the kata never runs diffusers code of its own
     from diffusers.models.controlnets.controlnet import ControlNetModel
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
     from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+    from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteScheduler
 
 
 # ---- Worked example --------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def add_control_residuals(
 def controlnet_cfg_step(
     unet: UNet2DConditionModel,
     controlnet: ControlNetModel,
-    scheduler: DDIMScheduler,
+    scheduler: DDIMScheduler | EulerDiscreteScheduler,
     latents: torch.Tensor,
     timestep: torch.Tensor,
     prompt_embeds: torch.Tensor,
@@ -176,14 +177,14 @@ def controlnet_cfg_step(
     unconditional half zero residuals.
     Graded against: StableDiffusionControlNetPipeline.__call__, step by step over its timesteps.
     Args:
-        unet, controlnet, scheduler: the pipeline's models and its DDIM scheduler (call them:
+        unet, controlnet, scheduler: the pipeline's models and its scheduler, DDIM or Euler (call them:
                         controlnet(x, t, encoder_hidden_states=, controlnet_cond=, conditioning_scale=,
                         guess_mode=, return_dict=False) -> (down residuals, mid residual);
                         unet(x, t, encoder_hidden_states=, down_block_additional_residuals=,
                         mid_block_additional_residual=).sample;
                         scheduler.scale_model_input(x, t), scheduler.step(noise, t, x).prev_sample)
-        latents:        (B, 4, h, w) float32
-        timestep:       0-dim int64, an entry of scheduler.timesteps
+        latents:        (B, 4, h, w) float32, unscaled (what models see goes through scale_model_input)
+        timestep:       an entry of scheduler.timesteps (0-dim; int64 for DDIM, float32 for Euler)
         prompt_embeds, negative_prompt_embeds: (B, L, D)
         control_image:  (B, 3, 2h, 2w) in [0, 1], one per sample (the tiny ControlNet downsamples ×2)
         guidance_scale: CFG weight (> 1)

@@ -8,7 +8,8 @@ LAB = "10_controlnet"
 # A guess-mode step with one mistake, for controlnet_cfg_step: {control} builds ControlNet's call,
 # {pad} the residuals it returns, {guide} the guided noise.
 STEP = """
-x2 = torch.cat([latents] * 2)
+x2 = scheduler.scale_model_input(torch.cat([latents] * 2), timestep)
+xs = scheduler.scale_model_input(latents, timestep)
 text = torch.cat([negative_prompt_embeds, prompt_embeds])
 {control}
 {pad}
@@ -20,7 +21,7 @@ return scheduler.step({guide}, timestep, latents).prev_sample
 BOTH_HALVES = ("down, mid = controlnet(x2, timestep, encoder_hidden_states=text, controlnet_cond="
                "torch.cat([control_image] * 2), conditioning_scale=conditioning_scale, guess_mode=guess_mode, "
                "return_dict=False)")
-COND_HALF = ("down, mid = controlnet(latents, timestep, encoder_hidden_states=prompt_embeds, "
+COND_HALF = ("down, mid = controlnet(xs, timestep, encoder_hidden_states=prompt_embeds, "
              "controlnet_cond=control_image, conditioning_scale=conditioning_scale, guess_mode=guess_mode, "
              "return_dict=False)")
 CONTROL = ("if guess_mode:\n    " + COND_HALF + "\nelse:\n    " + BOTH_HALVES)
@@ -130,6 +131,11 @@ MUTANTS = [
     ("controlnet_cfg_step",
      STEP.format(control=BOTH_HALVES, pad="", guide=GUIDED),
      "guess mode: ControlNet run on both halves"),
+    ("controlnet_cfg_step",  # right with DDIM, whose scale_model_input is the identity; Euler's is not
+     STEP.format(control=CONTROL, pad=ZEROS_FIRST, guide=GUIDED)
+         .replace("x2 = scheduler.scale_model_input(torch.cat([latents] * 2), timestep)", "x2 = torch.cat([latents] * 2)")
+         .replace("xs = scheduler.scale_model_input(latents, timestep)", "xs = latents"),
+     "the latents not passed through scheduler.scale_model_input"),
     ("controlnet_cfg_step",
      STEP.format(control=CONTROL, guide=GUIDED,
                  pad=ZEROS_FIRST.replace("[torch.zeros_like(d), d]", "[d, torch.zeros_like(d)]")
@@ -176,17 +182,18 @@ EQUIVALENTS = [
      """),
     ("controlnet_cfg_step",  # the two halves through ControlNet and the UNet one at a time
      """
+     x = scheduler.scale_model_input(latents, timestep)
      noises = []
      for text, half in ((negative_prompt_embeds, "uncond"), (prompt_embeds, "cond")):
          if guess_mode and half == "uncond":
              down = mid = None
          else:
-             down, mid = controlnet(latents, timestep, encoder_hidden_states=text, controlnet_cond=control_image,
+             down, mid = controlnet(x, timestep, encoder_hidden_states=text, controlnet_cond=control_image,
                                     conditioning_scale=conditioning_scale, guess_mode=guess_mode, return_dict=False)
          if down is None:
-             noises.append(unet(latents, timestep, encoder_hidden_states=text).sample)
+             noises.append(unet(x, timestep, encoder_hidden_states=text).sample)
          else:
-             noises.append(unet(latents, timestep, encoder_hidden_states=text,
+             noises.append(unet(x, timestep, encoder_hidden_states=text,
                                 down_block_additional_residuals=down, mid_block_additional_residual=mid).sample)
      u, c = noises
      return scheduler.step((1 - guidance_scale) * u + guidance_scale * c, timestep, latents).prev_sample
