@@ -24,7 +24,7 @@ def main() -> int:
     if sys.argv[1:2] == ["--serve"] and len(sys.argv) == 3:
         return serve(Path(sys.argv[2]))
     os.environ["KATA_NO_WARM"] = "1"  # its pytest runs are the gradings: none is handed on
-    import pytest
+    import pytest  # noqa: F401
 
     # what a first grading imports anyway: import it now, while the learner is still typing (the plugin
     # itself loads through its entry point, on the first pytest.main)
@@ -34,18 +34,49 @@ def main() -> int:
         line = line.strip()
         if not line:
             continue
-        args = json.loads(line)
-        try:
-            code = int(pytest.main(args))
-        except SystemExit as exc:  # a usage error
-            code = exc.code if isinstance(exc.code, int) else 4
-        except Exception as exc:  # noqa: BLE001  (the warm process must outlive one broken grading)
-            print(f"the warm grader failed: {type(exc).__name__}: {exc}", flush=True)
-            code = 3
+        code = run_pytest(json.loads(line))
         sys.stdout.flush()
         sys.stderr.flush()
         print(f"{DONE} {code}", flush=True)
     return 0
+
+
+def run_pytest(args: list[str]) -> int:
+    """pytest.main(args) as its exit code; the warm process outlives a usage error or one broken grading."""
+    import pytest
+
+    try:
+        return int(pytest.main(list(args)))
+    except SystemExit as exc:  # a usage error
+        return exc.code if isinstance(exc.code, int) else 4
+    except Exception as exc:  # noqa: BLE001
+        print(f"the warm grader failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 3
+
+
+class _Writing:
+    """stdout and stderr (the descriptors, so pytest's capture and everything else follow) pointed at `out` and
+    `err` for a while, then back."""
+
+    def __init__(self, out: int, err: int):
+        self.fds = (out, err)
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        os.dup2(self.fds[0], 1)
+        os.dup2(self.fds[1], 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        for fd in self.saved:
+            os.close(fd)
+        return False
 
 
 def serve(root: Path) -> int:
@@ -114,27 +145,17 @@ def _warm_up(course) -> None:
 
     from diffusion_katas.core import record
 
-    import pytest
-
     last = ((record.load(course) or {}).get("last_run") or {}).get("labs") or []
     targets = [str(course.kata(lab)) for lab in last if course.kata(lab).is_file()] or [str(course.katas)]
-    saved = [os.dup(1), os.dup(2)]
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        with tempfile.TemporaryDirectory(prefix="kata-warm-") as tmp:
-            pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(course.root), "--gradescope",
-                         os.path.join(tmp, "thrown-away.json"), *targets])
+        with _Writing(devnull, devnull), tempfile.TemporaryDirectory(prefix="kata-warm-") as tmp:
+            run_pytest(["-q", "-p", "no:cacheprovider", "--rootdir", str(course.root), "--gradescope",
+                        os.path.join(tmp, "thrown-away.json"), *targets])
     except BaseException as exc:  # noqa: BLE001  (a warm-up that fails only leaves the first grading colder)
         log(f"warm-up: {type(exc).__name__}: {exc}")
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
+        os.close(devnull)
     log(f"warmed up on {', '.join(last) or 'every lab'}")
 
 
@@ -189,7 +210,6 @@ def _serve_one(conn, root: Path, started: str, current) -> str:
             for fd in fds:
                 os.close(fd)
 
-    saved = [os.dup(1), os.dup(2)]
     old_env = {k: os.environ.get(k) for k in warm.PASSED_ENV}
     running = threading.Lock()
     state = {"running": True}
@@ -206,37 +226,23 @@ def _serve_one(conn, root: Path, started: str, current) -> str:
 
     code = 3
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        for k in warm.PASSED_ENV:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        os.chdir(cwd)
-        threading.Thread(target=interrupter, daemon=True).start()
-        import pytest
-
-        try:
-            code = int(pytest.main(list(args)))
-        except SystemExit as exc:  # a usage error
-            code = exc.code if isinstance(exc.code, int) else 4
-        except KeyboardInterrupt:
-            code = 2
-        except Exception as exc:  # noqa: BLE001  (the warm grader outlives one broken grading)
-            print(f"the warm grader failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            code = 3
-        finally:
-            with running:
-                state["running"] = False
+        with _Writing(*fds):
+            for k in warm.PASSED_ENV:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            os.chdir(cwd)
+            threading.Thread(target=interrupter, daemon=True).start()
+            try:
+                code = run_pytest(args)
+            except KeyboardInterrupt:
+                code = 2
+            finally:
+                with running:
+                    state["running"] = False
     except KeyboardInterrupt:  # a Ctrl-C that arrived as the grading ended
         code = 2
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, *fds):
+        for fd in fds:
             os.close(fd)
         for k, v in old_env.items():
             if v is None:
