@@ -193,3 +193,18 @@ def test_a_function_that_is_not_only_the_stub_is_graded_as_it_runs(toy, top, bod
     kata.write_text(kata.read_text().replace("import torch\n", "import torch\n" + top, 1))
     toy.pytester.runpytest("katas", "-p", "no:cacheprovider", "--kata-seed", "7")
     assert _builds(log) == ["2.0"]  # built, then called: its own raise decides the verdict
+
+
+def test_a_warm_parent_that_ended_unnoticed_is_replaced_and_the_checks_still_run(toy, monkeypatch):
+    # Killed between two gradings (out of memory, say) and not yet reaped: the next runner finds its pipe broken,
+    # starts another warm parent once, and the grading goes on.
+    from diffusion_katas.engine.runner import Zygote
+
+    toy.kata(double="return x * 2", normalize="return x / x.norm()", stay_put="return x")
+    assert toy.run("katas").ret == 0
+    dead = Zygote.shared()
+    dead.process.kill()
+    dead.process.wait()
+    monkeypatch.setattr(dead.process, "poll", lambda: None)  # it still looks alive
+    assert toy.run("katas").ret == 0
+    assert Zygote.shared() is not dead and Zygote.shared().process.returncode is None

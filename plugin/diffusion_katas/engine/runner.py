@@ -97,6 +97,16 @@ class Zygote:
             sys._diffusion_katas_zygote = current
             return current
 
+    @classmethod
+    def replaced(cls, dead: "Zygote") -> "Zygote":
+        """A new warm parent in place of one that ended (or stopped answering) since it was last used."""
+        with cls._lock:
+            if cls._shared is dead or getattr(sys, "_diffusion_katas_zygote", None) is dead:
+                dead.close()
+                cls._shared = None
+                sys._diffusion_katas_zygote = None
+        return cls.shared()
+
     def _line(self) -> str:
         while b"\n" not in self._buffer:
             chunk = self.control.recv(4096)
@@ -181,7 +191,11 @@ class Runner:
                  kata: str, timeout: float, forbidden_ops: tuple = (), learner_files: tuple = (),
                  answer_key_direct: tuple = (), memory: int | None = None, cuda: bool = False):
         self.zygote = Zygote.shared()
-        self.zygote.load(grader_modules, (source, *learner_files))
+        try:
+            self.zygote.load(grader_modules, (source, *learner_files))
+        except (OSError, RunnerGone):  # it ended since it was last used (killed, out of memory): one more, once
+            self.zygote = Zygote.replaced(self.zygote)
+            self.zygote.load(grader_modules, (source, *learner_files))
         self.pid, self.sock = self.zygote.fork()
         self.timeout = timeout
         self.printed = ""
