@@ -201,6 +201,8 @@ def _serve_one(conn, root: Path, started: str, current) -> str:
         if not (place == root or root in place.parents):
             _answer(conn, refused="outside the course")
             return "refused a run outside the course"
+        if _gone(conn):  # it waited too long for this grader (busy with another run) and graded cold itself
+            return "dropped a run that had gone cold"
         _answer(conn, ok=True)
         accepted = True
     except (OSError, ValueError, struct.error):
@@ -255,6 +257,21 @@ def _serve_one(conn, root: Path, started: str, current) -> str:
     except OSError:
         pass
     return f"graded {' '.join(args)[:200]}: exit {code}"
+
+
+def _gone(conn) -> bool:
+    """Whether the client has closed its end (nothing more to read, ever)."""
+    import socket
+
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.setblocking(True)
 
 
 def _answer(conn, **fields) -> None:
