@@ -42,13 +42,18 @@ GPU_ATTENTION_PEAK_WHY = ("a block of queries at a time holds a small part of it
 
 
 @functools.cache
-def _vae8():
-    """The x8 tiny VAE (SD's 8 pixels per latent), built once: its weights come from a fixed seed."""
+def _seeded_vae(downsample: int, sample_size: int, seed: int):
+    """A tiny VAE built once, its weights from a fixed seed (the global RNG left as it was)."""
     state = torch.random.get_rng_state()
-    torch.manual_seed(20240611)
-    vae = tiny.vae(downsample=8, sample_size=64)
+    torch.manual_seed(seed)
+    vae = tiny.vae(downsample=downsample, sample_size=sample_size)
     torch.random.set_rng_state(state)
     return vae
+
+
+def _vae8():
+    """The x8 tiny VAE (SD's 8 pixels per latent)."""
+    return _seeded_vae(8, 64, 20240611)
 
 
 def configure_tiling(vae, tile_latent_size, overlap_factor):
@@ -158,14 +163,9 @@ TILE_CASES = [
 ]
 
 
-@functools.cache
 def _vae4():
-    """An x4 tiny VAE (three blocks), built once from a fixed seed."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(20240612)
-    vae = tiny.vae(downsample=4, sample_size=32)
-    torch.random.set_rng_state(state)
-    return vae
+    """An x4 tiny VAE (three blocks)."""
+    return _seeded_vae(4, 32, 20240612)
 
 
 @functools.cache
