@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -453,13 +454,23 @@ def _lab_02(toy, grader: str, body: str) -> None:
 
 # A check whose inputs the runner cannot rebuild (a GPU's tensors where CUDA does not start there, say): the
 # runner's failure, said as such, before any learner code ran; never a crash of the learner's function.
-UNLOADABLE_GRADER = '''
-import torch
+def identity_grader(classes: str, model: str) -> str:
+    """A toy lab-02 grader: one identity check whose `model` input is an instance of `model`, defined in `classes`
+    (an input that breaks the grader's own work around the call)."""
+    return ("import torch\n\nfrom diffusion_katas.core.spec import Kata, Scenario\n"
+            "from diffusion_katas.core.tolerances import Tol\n\n" + classes + textwrap.dedent(f"""
 
-from diffusion_katas.core.spec import Kata, Scenario
-from diffusion_katas.core.tolerances import Tol
+        apply = Kata("apply", hints=("return x",), no_answer_key="a toy")
 
 
+        @apply.check("identity", tol=Tol(1e-6, 0.0, "toy"))
+        def _(case, g):
+            x = torch.randn(3, generator=g)
+            return Scenario(inputs=dict(model={model}(), x=x), expected=x)
+        """))
+
+
+UNLOADABLE_GRADER = identity_grader('''
 def _refuse_here():
     raise RuntimeError("this input cannot be rebuilt in a runner")
 
@@ -467,16 +478,7 @@ def _refuse_here():
 class Unloadable:
     def __reduce__(self):
         return (_refuse_here, ())
-
-
-apply = Kata("apply", hints=("return x",), no_answer_key="a toy")
-
-
-@apply.check("identity", tol=Tol(1e-6, 0.0, "toy"))
-def _(case, g):
-    x = torch.randn(3, generator=g)
-    return Scenario(inputs=dict(model=Unloadable(), x=x), expected=x)
-'''
+''', "Unloadable")
 
 
 def test_inputs_the_runner_cannot_load_are_the_runners_failure_not_the_learners(toy):
@@ -547,13 +549,7 @@ def test_dicts_lists_and_plain_values_changed_in_place_are_named_not_only_tensor
     assert changed_inputs(given, pristine) == ["cache['residual']", "cache['step']", "history[1]"]
 
 
-UNCOPYABLE_GRADER = '''
-import torch
-
-from diffusion_katas.core.spec import Kata, Scenario
-from diffusion_katas.core.tolerances import Tol
-
-
+UNCOPYABLE_GRADER = identity_grader('''
 class Stateful:
     """Scheduler-shaped (the runner copies schedulers before each call), and its copy breaks."""
 
@@ -567,16 +563,7 @@ class Stateful:
 
     def __deepcopy__(self, memo):
         raise RuntimeError("this scheduler cannot be copied")
-
-
-apply = Kata("apply", hints=("return x",), no_answer_key="a toy")
-
-
-@apply.check("identity", tol=Tol(1e-6, 0.0, "toy"))
-def _(case, g):
-    x = torch.randn(3, generator=g)
-    return Scenario(inputs=dict(model=Stateful(), x=x), expected=x)
-'''
+''', "Stateful")
 
 
 def test_the_graders_own_work_around_a_call_failing_is_never_the_learners_crash(toy):
