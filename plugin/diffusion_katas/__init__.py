@@ -11,3 +11,10 @@ Subpackages by role, dependencies pointing one way (a test reads the imports):
 PYTEST_DONT_REWRITE: the package asserts nothing that pytest's rewriting would explain, and the warm grader
 (commands/warm.py) imports it before its first pytest.main, which would otherwise warn about every run.
 """
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext diffusion_katas`: the `%kata` magic of a lab's notebook (commands/learner/notebook.py)."""
+    from diffusion_katas.commands.learner.notebook import load
+
+    load(ipython)

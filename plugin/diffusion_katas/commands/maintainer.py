@@ -1,6 +1,6 @@
 """Maintainer commands of `kata`: derive the katas from the solutions, and build a learner's copy.
 
-    kata derive [LAB...] [--check]   rewrite katas/ from solutions/ (or only report drift)
+    kata derive [LAB...] [--check]   rewrite katas/ and notebooks/ from solutions/ (or only report drift)
     kata learner-copy OUT            a course for learners that installs on its own: katas/, graders/,
                                      pristine/, the engine's source, pyproject.toml, a README; no solutions/
 
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from diffusion_katas.core.course import Course, CourseNotFound, lab_files
-from diffusion_katas.core.derive import MarkerError, derived, drift
+from diffusion_katas.core.derive import MarkerError, derived, derived_notebooks, drift
+from diffusion_katas.core.notebooks import PICTURED, lab_notebook
 
 LEARNER_README = """\
 # {title}
@@ -42,6 +43,9 @@ kata watch 01      # re-grade on every save          kata hint       # the next 
 kata progress      # every lab and the next TODO     kata reset 01   # restore a kata (keeps a backup)
 kata explain 01    # read the lab's lesson
 ```
+
+In Jupyter or Colab: `python -m pip install -e ".[notebook]"`, then open `notebooks/NN_name.ipynb` and run its
+first cell; `%kata check FUNCTION` under a function's cell saves the code you ran into the kata file and grades it.
 
 The labs:
 
@@ -72,28 +76,32 @@ def cmd_derive(args) -> int:
         raise MaintainerError(f"there are no solutions in {course.rel(course.solutions)}/ to derive katas from")
     try:
         if args.check:
-            problems = drift(course.solutions, course.katas)
+            problems = drift(course.solutions, course.katas, course.notebooks)
             args.verdict = 1 if problems else 0  # the answer, even if nobody reads what follows
             for p in problems:
                 print(p)
-            print("katas/ and solutions/ agree" if not problems else f"{len(problems)} file(s) drifted: "
+            print("katas/, notebooks/ and solutions/ agree" if not problems else f"{len(problems)} file(s) drifted: "
                   "run `kata derive`")
             return 1 if problems else 0
-        course.katas.mkdir(exist_ok=True)
-        for name, text in derived(course.solutions).items():
-            if args.labs and name[:-3] not in args.labs:
-                continue
-            target = course.katas / name
-            if not target.exists() or target.read_text(encoding="utf-8") != text:
-                target.write_text(text, encoding="utf-8")
-                print(f"wrote {course.rel(target)}")
+        for folder, files in ((course.katas, derived(course.solutions)),
+                              (course.notebooks, derived_notebooks(course.solutions))):
+            folder.mkdir(exist_ok=True)
+            for name, text in files.items():
+                if args.labs and name.rsplit(".", 1)[0] not in args.labs:
+                    continue
+                target = folder / name
+                if not target.exists() or target.read_text(encoding="utf-8") != text:
+                    target.write_text(text, encoding="utf-8")
+                    print(f"wrote {course.rel(target)}")
     except MarkerError as exc:
         raise MaintainerError(str(exc), 1) from None
     return 0
 
 
-def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None) -> list[str]:
-    """Write a learner's copy of `course` into `out` (which must not exist or be empty); return its labs."""
+def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None, course_url: str = "") -> list[str]:
+    """Write a learner's copy of `course` into `out` (which must not exist or be empty); return its labs.
+    `course_url`: where the copy will be published (a git URL), which its notebooks' set-up cells fetch it from
+    in a fresh runtime (Colab)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise MaintainerError(f"{out} is not empty: choose a new folder for the learner's copy")
@@ -103,7 +111,7 @@ def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None)
     chosen = [lab for lab in course.graded_labs() if not labs or lab in labs]
     if not chosen:
         raise MaintainerError("no graded lab to copy")
-    for folder in ("katas", "graders", "pristine"):
+    for folder in ("katas", "graders", "pristine", "notebooks"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     for lab in chosen:
         try:
@@ -112,6 +120,8 @@ def build_learner_copy(course: Course, out: Path, labs: list[str] | None = None)
             raise MaintainerError(f"cannot copy {lab}: {exc}") from None
         (out / "katas" / f"{lab}.py").write_text(pristine, encoding="utf-8")
         (out / "pristine" / f"{lab}.py").write_text(pristine, encoding="utf-8")
+        (out / "notebooks" / f"{lab}.ipynb").write_text(
+            lab_notebook(pristine, lab, picture=lab in PICTURED, course_url=course_url), encoding="utf-8")
         shutil.copyfile(course.grader(lab), out / "graders" / f"{lab}.py")
     # the engine, as this command runs it (its source: the pyproject builds it from plugin/, as the checkout's does)
     shutil.copytree(Path(__file__).resolve().parents[1], out / "plugin" / "diffusion_katas",
@@ -140,7 +150,7 @@ def _source_course(args) -> tuple[Course, str]:
 def cmd_learner_copy(args) -> int:
     course, found = _source_course(args)
     labs = [course.resolve_lab(name) for value in (args.labs or []) for name in value.split(",") if name.strip()]
-    chosen = build_learner_copy(course, Path(args.out), labs)
+    chosen = build_learner_copy(course, Path(args.out), labs, args.course_url or "")
     print(f"wrote a learner's copy of {len(chosen)} lab(s){found} to {args.out} (no solutions in it): "
           f"cd {args.out}, then its README's two lines (a venv; pip install -e . and pytest)")
     return 0
@@ -173,6 +183,9 @@ def add_commands(commands) -> None:
                                         "out.")
     p.add_argument("out", metavar="OUT", help="a new (or empty) folder")
     p.add_argument("--labs", action="append", metavar="LABS", help="only these labs (numbers or names, comma lists)")
+    p.add_argument("--course-url", metavar="URL", help="the git URL the copy will be published at: the notebooks' "
+                                                       "set-up cells fetch the course from it in a fresh runtime "
+                                                       "(Colab)")
     p.add_argument("--root", default=None, help="the course folder (default: found from the working directory, else "
                                                 "the checkout this package is installed from)")
     p.set_defaults(run=_guarded(cmd_learner_copy))

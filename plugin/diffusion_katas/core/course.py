@@ -145,6 +145,14 @@ class Course:
     def kata(self, lab: str) -> Path:
         return self.katas / f"{lab}.py"
 
+    @property
+    def notebooks(self) -> Path:
+        """The labs as Jupyter notebooks (core/notebooks.py), beside katas/."""
+        return self.root / "notebooks"
+
+    def notebook(self, lab: str) -> Path:
+        return self.notebooks / f"{lab}.ipynb"
+
     def solution(self, lab: str) -> Path:
         return self.solutions / f"{lab}.py"
 

@@ -11,8 +11,9 @@ and in the derived kata file it becomes
     # TODO: square a linspace over √β
     raise NotImplementedError
 
-`kata derive` rewrites katas/; `kata derive --check` only reports drift (a test runs the same check).
-Everything outside the markers is copied as it is: one source of truth.
+`kata derive` rewrites katas/, and notebooks/ from the katas (core/notebooks.py: the same lab as Jupyter cells);
+`kata derive --check` only reports drift (a test runs the same check). Everything outside the markers is copied
+as it is: one source of truth.
 """
 from __future__ import annotations
 
@@ -57,12 +58,28 @@ def derived(solutions_dir: Path) -> dict[str, str]:
             for p in sorted(solutions_dir.glob("[0-9][0-9]_*.py"))}
 
 
-def drift(solutions_dir: Path, kata_dir: Path) -> list[str]:
-    """Kata files that differ from what the solutions derive (missing, stale or extra)."""
-    want = derived(solutions_dir)
-    have = {p.name for p in kata_dir.glob("[0-9][0-9]_*.py")}
-    problems = [f"{kata_dir.name}/{n} is missing" for n in want if n not in have]
-    problems += [f"{kata_dir.name}/{n} has no solution" for n in sorted(have - set(want))]
-    problems += [f"{kata_dir.name}/{n} differs from what {solutions_dir.name}/{n} derives"
-                 for n in want if n in have and (kata_dir / n).read_text(encoding="utf-8") != want[n]]
+def derived_notebooks(solutions_dir: Path) -> dict[str, str]:
+    """Notebook file name -> its JSON text, for every lab file in solutions/ (from the kata it derives)."""
+    from diffusion_katas.core.notebooks import PICTURED, lab_notebook
+
+    return {name[:-3] + ".ipynb": lab_notebook(text, name[:-3], picture=name[:-3] in PICTURED)
+            for name, text in derived(solutions_dir).items()}
+
+
+def drift(solutions_dir: Path, kata_dir: Path, notebook_dir: Path | None = None) -> list[str]:
+    """Kata files (and notebooks, given their folder) that differ from what the solutions derive (missing,
+    stale or extra)."""
+    problems = _drift(derived(solutions_dir), kata_dir, "[0-9][0-9]_*.py", solutions_dir)
+    if notebook_dir is not None:
+        problems += _drift(derived_notebooks(solutions_dir), notebook_dir, "[0-9][0-9]_*.ipynb", solutions_dir)
+    return problems
+
+
+def _drift(want: dict[str, str], folder: Path, pattern: str, solutions_dir: Path) -> list[str]:
+    have = {p.name for p in folder.glob(pattern)}
+    source = {n: n.rsplit(".", 1)[0] + ".py" for n in want}
+    problems = [f"{folder.name}/{n} is missing" for n in want if n not in have]
+    problems += [f"{folder.name}/{n} has no solution" for n in sorted(have - set(want))]
+    problems += [f"{folder.name}/{n} differs from what {solutions_dir.name}/{source[n]} derives"
+                 for n in want if n in have and (folder / n).read_text(encoding="utf-8") != want[n]]
     return problems

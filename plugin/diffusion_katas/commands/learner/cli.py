@@ -27,6 +27,7 @@ from pathlib import Path
 from diffusion_katas.core import lessons, record
 from diffusion_katas.core.course import Course, lab_files
 from diffusion_katas.core.derive import MarkerError
+from diffusion_katas.core.notebooks import function_span
 from diffusion_katas.commands.running import (MARKS, VERBS, Grading, WarmGrader, after_grading, changed_labs, counts,
                                                first_unsolved, grade, grading_failed, import_trouble, lab_entry,
                                                load_report, messages, next_todo, pytest_env, record_untouched,
@@ -329,21 +330,6 @@ def cmd_hint(args) -> int:
 
 
 # ---- reset -----------------------------------------------------------------------------------------------
-def _function_span(tree: ast.Module, lines: list[str], name: str) -> tuple[int, int] | None:
-    """0-based [start, end) lines of the top-level `def name` (decorators included, and the indented or blank
-    lines after its last statement, less trailing blank lines), or None when the file has no such def."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-            end = node.end_lineno
-            while end < len(lines) and (not lines[end].strip() or lines[end][:1] in (" ", "\t")):
-                end += 1
-            while end > start + 1 and not lines[end - 1].strip():
-                end -= 1
-            return start, end
-    return None
-
-
 def _top_level_names(tree: ast.Module) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
@@ -358,7 +344,7 @@ def reset_function(current: str, pristine: str, function: str, rel: str) -> str:
                            f"Fix that line, or reset the whole file: kata reset {Path(rel).stem[:2]}", 1) from None
     theirs = ast.parse(pristine)
     p_lines = pristine.splitlines(keepends=True)
-    span = _function_span(theirs, p_lines, function)
+    span = function_span(theirs, p_lines, function)
     if span is None:
         raise LearnerError(f"the pristine {rel} has no function `{function}`; its functions are: "
                            + ", ".join(_top_level_names(theirs)))
@@ -368,12 +354,12 @@ def reset_function(current: str, pristine: str, function: str, rel: str) -> str:
     lines = current.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    here = _function_span(mine, lines, function)
+    here = function_span(mine, lines, function)
     if here is not None:
         return "".join(lines[:here[0]] + block + lines[here[1]:])
     order = _top_level_names(theirs)
     for name in order[order.index(function) + 1:]:
-        at = _function_span(mine, lines, name)
+        at = function_span(mine, lines, name)
         if at is not None:
             return "".join(lines[:at[0]] + block + ["\n", "\n"] + lines[at[0]:])
     return "".join(lines + ["\n", "\n"] + block)
