@@ -210,6 +210,8 @@ def test_an_untouched_notebook_shows_every_function_todo_and_leaves_the_kata_fil
     whole = shown(check_cell(notebook))
     assert "0/6 solved" in whole and all(f"TODO  {f}" in whole for f in TODO_FUNCTIONS), whole
     assert "01_forward_noise   0/6" in shown(notebook.cells[-1])
+    table = next(o for o in notebook.cells[-1].outputs if "text/html" in o.get("data", {}))["data"]["text/html"]
+    assert "<table class='kata-progress'>" in table and "<td>0/6</td>" in table
     assert (course / "katas" / f"{LAB}.py").read_bytes() == before
 
 
@@ -226,6 +228,9 @@ def test_a_notebook_solved_in_its_cells_passes_every_check_and_the_kata_file_hol
     assert "6/6 solved" in whole and "every function in this lab passes" in whole, whole
     html = next(o for o in check_cell(notebook).outputs if "text/html" in o.get("data", {}))["data"]["text/html"]
     assert '<b style="color:#1a7f37">passed</b>' in html
+    see = next(c for c in notebook.cells if c.cell_type == "code" and c.source == "%kata see")
+    picture = next(o for o in see.outputs if "text/html" in o.get("data", {}))["data"]["text/html"]
+    assert '<img src="data:image/png;base64,' in picture, shown(see)
     kata = (course / "katas" / f"{LAB}.py").read_text(encoding="utf-8")
     assert "raise NotImplementedError" not in kata
     plain = subprocess.run([sys.executable, "-m", "pytest", f"katas/{LAB}.py", "-q", "-p", "no:cacheprovider"],

@@ -193,7 +193,8 @@ class Kata:
         shell = self.shell if self.shell is not None else _ipython()
         if shell is not None:  # the lab's own code can find its folder (lab 12 loads your earlier labs)
             shell.user_ns["__file__"] = str(kata)
-            shell.user_ns.setdefault("kata", self)
+            if isinstance(shell.user_ns.get("kata", self), Kata):  # never over a `kata` of the learner's own
+                shell.user_ns["kata"] = self
         report = load_report(self.course)
         report = record_untouched(self.course, report, changed_labs(self.course, report))
         entry = lab_entry(report, self.lab)
