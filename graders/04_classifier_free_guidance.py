@@ -495,6 +495,6 @@ def _(learner, g):
         Measurement(f"denoiser calls over {steps} guided steps", counter.calls, steps, "calls",
                     "one call per step: both branches ride in one batch of 2B (the UNet's cost per step "
                     "is set by its calls; two calls of B pay the launch and weight traffic twice)"),
-        Measurement("smallest batch the denoiser saw", -min(counter.batch_sizes, default=0), -2 * B, "",
-                    f"every call carries the doubled batch of 2B = {2 * B} (shown negated: at least {2 * B})"),
+        Measurement("smallest batch the denoiser saw", min(counter.batch_sizes, default=0), 2 * B, "",
+                    f"every call carries the doubled batch of 2B = {2 * B}", at_least=True),
     ]

@@ -98,7 +98,10 @@ def test_watch_once_shows_each_functions_status_the_next_step_and_the_first_fail
     assert re.search(rf"FAILED\s+{FIRST}", out)
     assert re.search(r"TODO\s+add_noise", out)
     assert f"next: fix `{FIRST}` in katas/{LAB}.py" in out
-    assert "hint 1 (nudge): " in out and "`kata hint` shows hint 2 of 3" in out
+    # the next tier comes with the next failed grading, as `kata hint` itself says (not from `kata hint` now)
+    assert "hint 1 (nudge): " in out and "hint 2 of 3 comes with your next failed grading" in out
+    code, hint_out, _ = run(capsys, "hint", "--root", str(root))
+    assert "hint 1 (nudge)" in hint_out and "hint 2 (" not in hint_out
     assert f"why `{FIRST}` is FAILED" in out and "trap: a linspace over β itself" in out
     assert "\033[2J" not in out  # the screen is cleared only on a terminal
     assert (root / ".kata" / "last-grading.json").is_file()  # written by the grading run itself

@@ -22,7 +22,7 @@ import pytest
 from nbclient import NotebookClient
 
 from diffusion_katas.core import notebooks
-from diffusion_katas.core.derive import derived, derived_notebooks, drift
+from diffusion_katas.core.derive import derived_notebooks, drift
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = "01_forward_noise"
@@ -223,7 +223,11 @@ def test_a_notebook_solved_in_its_cells_passes_every_check_and_the_kata_file_hol
     notebook = execute(course, solve)
     for function in TODO_FUNCTIONS:
         text = shown(check_cell(notebook, function))
-        assert f"passed  {function}" in text and "saved the code you ran" in text, text
+        assert re.search(rf"^\s*passed\s+{function}$", text, re.M) and "saved the code you ran" in text, text
+    # a function's check shows the whole lab: after the first, five are still TODO (the lab is not done)
+    first = shown(check_cell(notebook, TODO_FUNCTIONS[0]))
+    assert "1/6 solved" in first and "every function in this lab passes" not in first, first
+    assert f"next: write `{TODO_FUNCTIONS[1]}` in its cell, then run `%kata check {TODO_FUNCTIONS[1]}`" in first
     whole = shown(check_cell(notebook))
     assert "6/6 solved" in whole and "every function in this lab passes" in whole, whole
     html = next(o for o in check_cell(notebook).outputs if "text/html" in o.get("data", {}))["data"]["text/html"]
@@ -254,7 +258,8 @@ def test_a_wrong_answer_in_a_cell_fails_with_its_trap_named(course):
     assert "FAILED  add_noise" in text and "ᾱ_t used where √ᾱ_t belongs" in text, text
     html = next(o for o in check_cell(notebook, "add_noise").outputs
                 if "text/html" in o.get("data", {}))["data"]["text/html"]
-    assert '<b style="color:#cf222e">FAILED</b>' in html and "next: fix `add_noise`" in html
+    assert '<b style="color:#cf222e">FAILED</b>' in html and "next: fix `add_noise` in its cell" in html
+    assert "`%kata hint`" in text or "%kata hint --all" in text, text  # the notebook's words, not the terminal's
 
 
 def test_what_only_the_kernel_holds_never_changes_the_verdict_pytest_gives_on_the_file(course):

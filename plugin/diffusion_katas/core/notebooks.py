@@ -60,23 +60,30 @@ def is_todo(node: ast.stmt) -> bool:
 
 
 def lesson_markdown(doc: str) -> str:
-    """The module docstring as markdown: the title a heading, each lesson section a bold lead-in."""
+    """The module docstring as markdown: the title a heading, each lesson section a bold lead-in, its text one
+    paragraph with what follows on the heading's line."""
     title, *rest = doc.strip("\n").splitlines()
     out = [f"# {title.strip()}"]
     section = re.compile(r"^(%s):\s*(.*)$" % "|".join(map(re.escape, LESSON_SECTIONS)))
+    lead: list[str] = []  # the section's bold name and the text on its line
     body: list[str] = []
 
     def flush():
         text = textwrap.dedent("\n".join(body)).strip("\n")
-        if text.strip():
+        if lead:
+            joined = lead[0] + (" " + lead[1] if lead[1] else "")
+            out.extend(["", joined + ("\n" + text if text.strip() and lead[1] else "\n\n" + text if text.strip()
+                                        else "")])
+        elif text.strip():
             out.extend(["", text])
-            body.clear()
+        lead.clear()
+        body.clear()
 
     for line in rest:
         found = section.match(line)
         if found:
             flush()
-            out.extend(["", f"**{found.group(1)}.** {found.group(2)}".rstrip()])
+            lead.extend([f"**{found.group(1)}.**", found.group(2).strip()])
         else:
             body.append(line)
     flush()
@@ -174,6 +181,22 @@ def lab_notebook(kata_text: str, lab: str, picture: bool = False, course_url: st
 
 def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
+
+
+def changed_functions(before: str, after: str) -> list[str]:
+    """The top-level functions whose code differs between two versions of a file (comments aside), in the
+    order `after` has them; every function when either does not parse."""
+    try:
+        old = {n.name: ast.dump(n) for n in ast.parse(before).body if isinstance(n, ast.FunctionDef)}
+        new = [(n.name, ast.dump(n)) for n in ast.parse(after).body if isinstance(n, ast.FunctionDef)]
+    except SyntaxError:
+        return []
+    return [name for name, code in new if old.get(name) != code]
+
+
+def todo_functions(kata_text: str) -> list[str]:
+    """The functions a kata file has as TODO stubs (in its pristine form: the graded functions), in order."""
+    return [n.name for n in ast.parse(kata_text).body if is_todo(n)]
 
 
 # ---- a notebook's code, into the kata file ---------------------------------------------------------------

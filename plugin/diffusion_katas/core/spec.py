@@ -107,10 +107,11 @@ class Measurement:
     allowed: float
     unit: str  # "bytes", "FLOPs", "calls", "ms", "x"
     why: str  # where the allowance comes from
+    at_least: bool = False  # the allowance is a floor (a batch at least 2B wide), not a ceiling
 
     @property
     def over(self) -> bool:
-        return self.measured > self.allowed
+        return self.measured < self.allowed if self.at_least else self.measured > self.allowed
 
 
 @dataclass

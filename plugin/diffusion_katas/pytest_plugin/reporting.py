@@ -196,7 +196,8 @@ def headroom(measurements) -> str:
     """Each measurement of a passing budget against its allowance, in one line."""
     from diffusion_katas.engine.meters import human
 
-    return "; ".join(f"{m.what}: {human(m.measured, m.unit)} of {human(m.allowed, m.unit)}"
+    return "; ".join(f"{m.what}: {human(m.measured, m.unit)} of "
+                     + (f"at least {human(m.allowed, m.unit)}" if m.at_least else human(m.allowed, m.unit))
                      + (f" ({m.measured / m.allowed:.2f}x)" if m.allowed else "") for m in measurements)
 
 
@@ -208,8 +209,9 @@ def budget_text(item) -> str:
     for m in item.measurements:
         mark = "OVER" if m.over else "ok  "
         ratio = f" ({m.measured / m.allowed:.2f}x the allowance)" if m.allowed else ""
+        allowed = f"at least {human(m.allowed, m.unit)}" if m.at_least else human(m.allowed, m.unit)
         lines.append(f"  {mark} {m.what}: measured {human(m.measured, m.unit)}, "
-                     f"allowed {human(m.allowed, m.unit)}{ratio}\n         allowance: {m.why}")
+                     f"allowed {allowed}{ratio}\n         allowance: {m.why}")
     return "\n".join(lines)
 
 

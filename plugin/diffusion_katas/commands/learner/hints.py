@@ -121,6 +121,16 @@ def reveal(course: Course, report: dict | None, lab: str, function: str, availab
     return tier, tier < available and not failed > at
 
 
+def next_tier_line(course: Course, lab: str, function: str, tier: int, available: int) -> str:
+    """Where the tier after `tier` comes from: `kata hint` when a failed grading has earned it since the last
+    tier was shown, else the next failed grading (as reveal() decides)."""
+    mine = tiers.load(course.hints_path).get(f"{lab}::{function}", {"shown": 0, "failures": None})
+    failed = record.failed_gradings(record.load(course), lab, function)
+    if mine.get("failures") is not None and failed > mine["failures"]:
+        return f"(`kata hint` shows hint {tier + 1} of {available})"
+    return f"(hint {tier + 1} of {available} comes with your next failed grading; `kata hint --all` shows every tier)"
+
+
 def hint_text(number: int, hint: str) -> str:
     name = TIER_NAMES[number - 1] if number <= len(TIER_NAMES) else "more"
     head = f"hint {number} ({name}): "

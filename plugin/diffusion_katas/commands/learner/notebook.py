@@ -27,15 +27,16 @@ import sys
 from pathlib import Path
 
 from diffusion_katas.core.course import Course, CourseNotFound
-from diffusion_katas.core.notebooks import splice
+from diffusion_katas.core.notebooks import changed_functions, splice, todo_functions
 from diffusion_katas.commands.running import (MARKS, Grading, counts, first_unsolved, grade, lab_entry, load_report,
                                                pytest_env, record_untouched, changed_labs)
+from diffusion_katas.commands.learner import incremental
 from diffusion_katas.commands.learner.watch import verdict_lines
 from diffusion_katas.commands.learner.workspace import LearnerError
 
 COLOURS = {"passed": "#1a7f37", "FAILED": "#cf222e", "TODO": "#6e7781", "OVER BUDGET": "#bc4c00",
            "WAITING": "#bc4c00", "skipped": "#6e7781"}
-USAGE = ("%kata lab NN · %kata check [FUNCTION] · %kata hint [FUNCTION] · %kata see · %kata progress · "
+USAGE = ("%kata lab NN · %kata check [FUNCTION] · %kata hint [FUNCTION] [--all] · %kata see · %kata progress · "
          "%kata load FUNCTION")
 
 
@@ -94,8 +95,9 @@ class Kata:
             return []
         return [source for source in shell.history_manager.input_hist_parsed if source and source.strip()]
 
-    def save(self) -> list[str]:
-        """Splice what the cells define into the kata file; returns what to tell the learner."""
+    def save(self) -> tuple[list[str], list[str]]:
+        """Splice what the cells define into the kata file; returns (what to tell the learner, the functions
+        whose code it changed)."""
         lab = self._lab()
         kata = self.course.kata(lab)
         rel = self.course.rel(kata)
@@ -110,22 +112,33 @@ class Kata:
             text, notes = splice(current, self.ran(), pristine)
         except SyntaxError as exc:
             return [f"{rel} does not parse (line {exc.lineno}: {exc.msg}): graded as it is, nothing of your cells "
-                    "saved into it"]
+                    "saved into it"], []
         notes = [n.replace("{kata}", rel) for n in notes]
-        if text != current:
-            tmp = kata.with_name(kata.name + ".kata-tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, kata)
-            notes.insert(0, f"saved the code you ran into {rel}")
-        return notes
+        if text == current:
+            return notes, []
+        tmp = kata.with_name(kata.name + ".kata-tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, kata)
+        return [f"saved the code you ran into {rel}"] + notes, changed_functions(current, text)
 
     # ---- the commands ------------------------------------------------------------------------------------
     def check(self, function: str | None = None) -> Shown:
-        """Save the cells' code into the kata file, grade it (one function, or the whole lab), show the verdict."""
+        """Save the cells' code into the kata file, grade it (one function, or the whole lab), show the verdict.
+        With FUNCTION, the functions whose code that save changed are graded with it, and so is any the record
+        has never graded; the lab's other functions show as last graded."""
         lab = self._lab()
-        notes = self.save()
+        notes, changed = self.save()
+        if function:  # of the TODO-stub notes, only the checked function's
+            notes = [n for n in notes if "still its TODO stub" not in n or n.startswith(f"`{function}` ")]
         rel = self.course.rel(self.course.kata(lab))
         stubs = self.course.untouched_todos(lab)
+        try:
+            graded_functions = todo_functions(self.course.pristine_text(lab))
+        except (OSError, ValueError, SyntaxError):
+            graded_functions = []
+        if function and graded_functions and function not in graded_functions:
+            raise LearnerError(f"lab {lab} grades no function `{function}`; it grades: "
+                               + ", ".join(f"`{n}`" for n in graded_functions), 2)
         if (function in stubs) if function else self.course.untouched(lab):
             # still the TODO stub: it raises NotImplementedError whatever the inputs; read, not graded
             todo = [function] if function else stubs
@@ -134,21 +147,37 @@ class Kata:
             grading = Grading(report, "", 1, 0.0)
             note = f"{', '.join(f'`{n}`' for n in todo)} {'is' if len(todo) == 1 else 'are'} still the TODO stub " \
                    "(read from the file, not graded)"
+        elif function:
+            before = load_report(self.course)
+            known = {f["name"] for f in (lab_entry(before, lab) or {}).get("functions", [])}
+            wanted = [n for n in graded_functions if n == function or (n in changed and n not in stubs)
+                      or (n not in known and n not in stubs)] or [function]
+            grading = grade(self.course, rel, *[a for n in wanted for a in ("--kata-function", n)])
+            merged = incremental.merge(before, grading.report, lab, set(wanted)) \
+                if grading.report is not None and lab_entry(before, lab) is not None else None
+            if merged is not None:
+                grading = Grading(_complete(merged, lab, graded_functions, stubs), grading.output,
+                                  grading.returncode, grading.seconds)
+            others = [f"`{n}`" for n in wanted if n != function]
+            note = (f"graded `{function}`" + (f" and {', '.join(others)} (changed or never graded)" if others else "")
+                    + ("; the lab's other functions as last graded" if len(wanted) < len(graded_functions) else ""))
         else:
-            extra = ("--kata-function", function) if function else ()
-            grading = grade(self.course, rel, *extra)
-            note = f"graded `{function}` only" if function else None
-        lines = verdict_lines(self.course, lab, grading, note)
+            grading = grade(self.course, rel)
+            note = None
+        lines = verdict_lines(self.course, lab, grading, note, focus=function)
         if grading.report is not None and grading.report.get("seed") is None and not grading.output:
             lines = lines[1:]  # read, not graded: no "graded at ... in 0.0 s"
         entry = lab_entry(grading.report, lab)
         ok = entry is not None and first_unsolved(entry) is None
-        # the same verdict as `kata watch`; here the hint command is the magic
-        lines = notes + ([""] if notes else []) + [line.replace("`kata hint`", "`%kata hint`") for line in lines]
+        lines = notes + ([""] if notes else []) + [for_notebook(line, lab) for line in lines]
         return Shown("\n".join(lines), verdict_html(lines), ok)
 
-    def hint(self, function: str | None = None) -> Shown:
-        return self._command("hint", *([function] if function else []))
+    def hint(self, *args: str) -> Shown:
+        """The hint tiers earned (`kata hint [FUNCTION] [--all]`), in a notebook's words."""
+        lab = self._lab()
+        shown = self._command("hint", *args, "--lab", lab)
+        text = "\n".join(for_notebook(line, lab) for line in shown.text.splitlines())
+        return Shown(text.replace("`kata hint --all`", "`%kata hint --all`"), ok=shown.ok)
 
     def load(self, function: str) -> Shown:
         """A new cell below holding `function` as the kata file has it (Jupyter; elsewhere, the text)."""
@@ -184,8 +213,17 @@ class Kata:
 
     def progress(self) -> Shown:
         done = self._run("progress")
-        return Shown(done.stdout.rstrip(), progress_html(self.course, load_report(self.course)) +
-                     f'<pre style="color:#57606a">{html.escape(_last_lines(done.stdout))}</pre>', done.returncode == 0)
+        report = load_report(self.course)
+        text = done.stdout.rstrip()
+        if self.lab is not None:  # this notebook's lab first: the course's next TODO may be another lab's
+            entry = lab_entry(report, self.lab)
+            found = first_unsolved(entry) if entry is not None else None
+            here = (f"this notebook ({self.lab}): next, `{found[0]}` ({MARKS.get(found[1], found[1])})" if found
+                    else f"this notebook ({self.lab}): every function passes" if entry is not None else "")
+            text = "\n".join(for_notebook(line, self.lab) for line in text.splitlines()) + (f"\n{here}" if here else "")
+        last = "\n".join(text.splitlines()[-2:])
+        return Shown(text, progress_html(self.course, report) +
+                     f'<pre style="color:#57606a">{html.escape(last)}</pre>', done.returncode == 0)
 
     def lab_here(self, name: str) -> Shown:
         self.lab = self.course.resolve_lab(name)
@@ -199,7 +237,9 @@ class Kata:
         report = record_untouched(self.course, report, changed_labs(self.course, report))
         entry = lab_entry(report, self.lab)
         state = ""
-        if entry is not None:
+        if self.course.untouched(self.lab):
+            state = " · every function still its TODO stub"
+        elif entry is not None:
             solved, total = counts(entry)
             state = f" · {solved}/{total} solved when last graded"
         return Shown(f"{self.course.title(self.lab)}: {self.course.rel(kata)}{state}\n"
@@ -222,6 +262,42 @@ class Kata:
         return Shown(done.stdout.rstrip(), ok=done.returncode == 0)
 
 
+def _complete(report: dict, lab: str, names: list[str], stubs: list[str]) -> dict:
+    """`report` with the lab's functions in the lab's order, a graded function the record never saw (a TODO stub
+    still) entered as TODO."""
+    for entry in report.get("labs", []):
+        if entry.get("lab") == lab and names:
+            have = {f["name"]: f for f in entry.get("functions", [])}
+            entry["functions"] = [have.get(n) or {"name": n, "status": "todo"} for n in names
+                                  if n in have or n in stubs]
+    return report
+
+
+# What the terminal's words are in a notebook.
+NOTEBOOK_WORDS = [
+    (re.compile(r"`kata hint`"), "`%kata hint`"),
+    (re.compile(r"`kata hint --all`"), "`%kata hint --all`"),
+    (re.compile(r"pass --kata-hints \d+ to see all"), "`%kata hint --all` shows every tier"),
+    (re.compile(r"kata watch (\d\d)\s+\((\w+)\)"), r"notebooks/\2.ipynb"),
+    (re.compile(r"`?kata progress --fresh`?"), "`%kata progress`"),
+    (re.compile(r"save it and grade it — python -m pytest \S+ or kata watch \d\d —"),
+     "run its cell and its `%kata check` —"),
+    (re.compile(r"`kata hint (\w+) --all`"), r"`%kata hint \1 --all`"),
+    (re.compile(r"`kata explain \d\d --section traps`"), "the lesson's Traps, at the top of this notebook"),
+]
+
+
+def for_notebook(line: str, lab: str) -> str:
+    """A verdict line as a notebook learner acts on it: the magics for the commands, the function's cell for the
+    file."""
+    found = re.match(r"^next: (\w[\w ]*) `(\w+)` in katas/\S+\.py$", line)
+    if found:
+        return f"next: {found.group(1)} `{found.group(2)}` in its cell, then run `%kata check {found.group(2)}`"
+    for pattern, replacement in NOTEBOOK_WORDS:
+        line = pattern.sub(replacement, line)
+    return line
+
+
 def progress_html(course: Course, report: dict | None) -> str:
     rows = []
     for lab in course.labs():
@@ -238,10 +314,6 @@ def progress_html(course: Course, report: dict | None) -> str:
                     for lab, title, score, nxt in rows)
     return ("<table class='kata-progress'><thead><tr><th>lab</th><th>title</th><th>solved</th><th>next</th></tr>"
             f"</thead><tbody>{cells}</tbody></table>")
-
-
-def _last_lines(text: str, n: int = 2) -> str:
-    return "\n".join(text.rstrip().splitlines()[-n:])
 
 
 def _find_course() -> Course:
@@ -289,7 +361,7 @@ def kata_magic(line: str, shell=None):
                 raise LearnerError("which lab? run `%kata lab NN` first (the notebook's set-up cell does)", 2)
             if command == "check" and len(args) <= 1:
                 shown = state.check(*args)
-            elif command == "hint" and len(args) <= 1:
+            elif command == "hint" and len([a for a in args if a != "--all"]) <= 1:
                 shown = state.hint(*args)
             elif command == "load" and len(args) == 1:
                 shown = state.load(args[0])

@@ -7,8 +7,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from diffusion_katas.commands.running import MARKS, VERBS, Grading, counts, first_unsolved, lab_entry, messages, statuses
-from diffusion_katas.commands.learner.hints import grader_hints, hint_text, tiers_seen
+from diffusion_katas.commands.running import (MARKS, UNSOLVED, VERBS, Grading, counts, lab_entry,
+                                               messages, statuses)
+from diffusion_katas.commands.learner.hints import grader_hints, hint_text, next_tier_line, tiers_seen
 from diffusion_katas.commands.learner.workspace import LearnerError
 from diffusion_katas.core.course import Course
 
@@ -85,9 +86,11 @@ def remember_shown(course: Course, lab: str, function: str, text: str) -> None:
         pass
 
 
-def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None = None) -> list[str]:
+def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None = None,
+                  focus: str | None = None) -> list[str]:
     """The lab's verdict, the next step with its hint tier, and the first failure's text; `note`: what this
-    grading covered when it was not the whole lab."""
+    grading covered when it was not the whole lab; `focus`: the function just checked, which is the next step
+    and the failure shown when it does not pass."""
     report = grading.report
     entry = lab_entry(report, lab)
     kata = course.rel(course.kata(lab))
@@ -111,11 +114,12 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
         if r.get("lab") == lab and r.get("status") == "passed" and str(r.get("check", "")).startswith("budget: ") \
                 and r.get("detail"):
             lines.append(f"  {'':<{width}}    {r['function']} · {r['check'][len('budget: '):]}: {r['detail']}")
-    failing = next(((f, s) for f, s in statuses(entry) if s in ("failed", "waiting", "over budget")), None)
+    order = sorted(statuses(entry), key=lambda fs: fs[0] != focus)  # the checked function first, then lab order
+    failing = next(((f, s) for f, s in order if s in ("failed", "waiting", "over budget")), None)
     text = next((m for m in messages(report, lab, failing[0], (failing[1],)) if m.strip()), "") if failing else ""
     if failing and failing[1] == "failed":
         remember_shown(course, lab, failing[0], text)
-    found = first_unsolved(entry)
+    found = next(((f, s) for f, s in order if s in UNSOLVED), None)
     lines.append("")
     if found is None:
         following = next_unsolved_lab(course, lab)
@@ -135,7 +139,7 @@ def verdict_lines(course: Course, lab: str, grading: Grading, note: str | None =
         tier = max(1, tiers_seen(course, lab, function, len(hints)))
         lines.append(textwrap.indent(hint_text(tier, hints[tier - 1]), "  "))
         if tier < len(hints):
-            lines.append(f"  (`kata hint` shows hint {tier + 1} of {len(hints)})")
+            lines.append("  " + next_tier_line(course, lab, function, tier, len(hints)))
     if failing is None:
         lines.append("nothing fails yet: the functions not passing are still TODO.")
         return lines
