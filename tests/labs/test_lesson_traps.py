@@ -380,6 +380,24 @@ LESSON_TRAPS = {
          trap("every resident part on the device for the whole forward (a block module's counted outside its own "
               "forward)")),
     ],
+    "23_training_objective": [
+        ("The target of another prediction type",
+         trap("ε returned whatever the prediction type (the target of another prediction type)",
+              "the ε target for a v model (the target of another prediction type)")),
+        ("Min-SNR weights without the prediction-type correction",
+         trap("min(SNR, γ) without the prediction-type correction",
+              "Min-SNR weights without the prediction-type correction")),
+        ("v_prediction divides by SNR + 1", trap("ε's correction on v (÷ SNR instead of ÷ (SNR + 1))")),
+        ('"sigma_sqrt" is σ⁻²', trap("'sigma_sqrt' read as √σ", "'sigma_sqrt' read as 1/√σ", "σ⁻¹ for 'sigma_sqrt'")),
+        ("The timestep of a flow step is looked up", trap("the ladder not looked up: timestep u·T and σ = u")),
+        ("Noise and timesteps drawn from the wrong generator",
+         trap("timesteps drawn before the noise", "u drawn before the noise",
+              "the offset noise drawn at full size (B, C, H, W), not (B, C, 1, 1)")),
+        ("The mean taken over the wrong axes", trap("the weights applied to the batch's overall mean: mean(w)·mean(err²)")),
+        ("Preconditioned outputs",
+         trap("precondition_outputs ignored", "x̂₀ compared with ε − x₀ (the output preconditioned, the target not)",
+              "the raw output compared with x₀ (the target preconditioned, the output not)")),
+    ],
 }
 
 # Labs left out of the accounting, by lab-number prefix, each with why. Every lab is accounted for today.

@@ -21,7 +21,7 @@ LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_cla
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
         "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts", "19_half_precision",
-        "20_first_block_cache", "21_serving_batcher", "22_offload_schedule"]
+        "20_first_block_cache", "21_serving_batcher", "22_offload_schedule", "23_training_objective"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -51,6 +51,16 @@ for _check, _kind in (("vs Euler step, epsilon", "epsilon"), ("vs Euler step, v_
     fixed("03_scheduler_reading", "euler_step", _check,
           prediction_type=f"one check per prediction type, named for it: this one is {_kind}, the other checks "
                           "take the others")
+
+# ---- lab 23 -------------------------------------------------------------------------------------------
+L23 = "23_training_objective"
+_DRAWS = ("a torch.Generator seeded per case: every draw of the step comes from it, and where the draws leave it "
+          "is checked (Scenario.generators_after)")
+fixed(L23, "ddpm_training_loss", "vs train_text_to_image.py's loss (the same draws from the generator)",
+      unet=MODEL, generator=_DRAWS)
+fixed(L23, "timestep_density", "vs compute_density_for_timestep_sampling (the same generator)", generator=_DRAWS)
+fixed(L23, "flow_matching_loss", "vs train_dreambooth_sd3.py's loss (the same draws from the generator)",
+      transformer=MODEL, generator=_DRAWS)
 
 # ---- lab 14 -------------------------------------------------------------------------------------------
 L14 = "14_multistep_solvers"

@@ -187,7 +187,7 @@ class DenoiserProbe(torch.nn.Module):
                     device=getattr(model, "device", None))
 
     def forward(self, *args, **kwargs):
-        sample = args[0] if args else kwargs.get("sample")
+        sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))  # a UNet's, a DiT's
         timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
         self.batch_sizes.append(int(sample.shape[0]) if isinstance(sample, torch.Tensor) else -1)
         try:

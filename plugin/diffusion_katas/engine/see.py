@@ -64,6 +64,10 @@ PICTURES = {
         "edm_sample", ("edm_model_inputs", "edm_denoised", "edm_euler_step", "edm_sample"),
         "your edm_sample carrying noise onto the two-moons toy set (its ideal EDM network), against "
         "EDMEulerScheduler", "draw_moons"),
+    "23_training_objective": Picture(
+        "sd3_loss_weighting", ("min_snr_weights", "sd3_loss_weighting", "timestep_density"),
+        "your loss weights over t and σ and your timestep densities, over the training scripts' (Min-SNR-γ on "
+        "compute_snr, compute_loss_weighting_for_sd3, compute_density_for_timestep_sampling)", "draw_weights"),
     "05_sampling_loop": Picture(
         "generate", ("initial_noise", "sampling_loop", "to_image"),
         "your generate() with DDIMScheduler (η = 0) on the trained shapes UNet, against DDIMPipeline",
@@ -319,6 +323,59 @@ def draw_generate(learner: Learner, args):
     return blocks, notes + _compared(reference, mine)
 
 
+# ---- 23: loss weights and timestep densities ----------------------------------------------------------------
+DENSITY_DRAWS = 20000
+
+
+def draw_weights(learner: Learner, args):
+    import torch
+    from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+    from diffusers.training_utils import (compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3,
+                                          compute_snr)
+
+    T, gamma = 1000, 5.0
+    t = torch.arange(T)
+    snr = compute_snr(DDPMScheduler(num_train_timesteps=T, beta_start=0.00085, beta_end=0.012,
+                                    beta_schedule="scaled_linear"), t)
+    notes, by_t, by_sigma, density = [], [], [], []
+
+    def add(series, name, theirs, mine, colour):
+        series += [(theirs, colour, f"{name} (diffusers)", False), (mine, colour, f"{name} (yours)", True)]
+        notes.append(f"{name}: max |yours − the scripts'| {float((mine - theirs).abs().max()):.3g}")
+
+    for kind, colour in zip(("epsilon", "v_prediction", "sample"), CURVE_COLOURS):
+        theirs = torch.stack([snr, gamma * torch.ones_like(t)], dim=1).min(dim=1)[0]  # train_text_to_image.py
+        theirs = theirs / snr if kind == "epsilon" else theirs / (snr + 1) if kind == "v_prediction" else theirs
+        mine = _tensor(learner.call("min_snr_weights", snr=snr.clone(), snr_gamma=gamma, prediction_type=kind),
+                       "min_snr_weights", (T,))
+        add(by_t, kind, theirs.double().log10(), mine.double().log10(), colour)
+    sigmas = torch.linspace(0.01, 1.0, 400).reshape(-1, 1, 1, 1)
+    for scheme, colour in zip(("sigma_sqrt", "cosmap", "none"), CURVE_COLOURS):
+        theirs = compute_loss_weighting_for_sd3(scheme, sigmas.clone()).flatten()
+        mine = _tensor(learner.call("sd3_loss_weighting", weighting_scheme=scheme, sigmas=sigmas.clone()),
+                       "sd3_loss_weighting", sigmas.shape).flatten()
+        add(by_sigma, scheme, theirs.double().log10(), mine.double().log10(), colour)
+    for scheme, colour in zip(("logit_normal", "mode", "none"), CURVE_COLOURS):
+        args_ = dict(logit_mean=0.0, logit_std=1.0, mode_scale=1.29)
+        theirs = compute_density_for_timestep_sampling(scheme, DENSITY_DRAWS, generator=torch.Generator().manual_seed(
+            args.seed), **args_)
+        mine = _tensor(learner.call("timestep_density", weighting_scheme=scheme, batch_size=DENSITY_DRAWS,
+                                    generator=torch.Generator().manual_seed(args.seed), **args_),
+                       "timestep_density", (DENSITY_DRAWS,))
+        histogram = [torch.histc(u.double(), bins=50, min=0.0, max=1.0) / DENSITY_DRAWS * 50 for u in (theirs, mine)]
+        add(density, scheme, *histogram, colour)
+    # (the picture's font is ASCII: gamma and sigma spelled out)
+    blocks = [("plots", [("log10 Min-SNR-gamma weight over t (gamma = 5, SD's schedule)", by_t, (-4.0, 1.0)),
+                         ("log10 SD3 loss weight over sigma", by_sigma, (-0.5, 4.0), ("sigma = 0.01", "sigma = 1")),
+                         (f"density of u ({DENSITY_DRAWS} draws, seed {args.seed})", density, (0.0, 3.5),
+                          ("u = 0", "u = 1"))])]
+    notes = ["left: the weight each timestep's loss gets under Min-SNR-γ, on ε, v and x₀ (log10): the clean end "
+             "(t = 0, SNR ~10⁴) is weighted down hardest on ε",
+             "middle: SD3's per-σ weights (log10): σ⁻² explodes at the clean end, cosmap is a gentle bump",
+             "right: where u (the point of the training ladder) falls: logit-normal and mode favour the middle"] + notes
+    return blocks, notes
+
+
 # ---- 15: the 2-D toy set ------------------------------------------------------------------------------------
 def draw_moons(learner: Learner, args):
     import torch
@@ -401,12 +458,15 @@ def _plots(panels):
 
     canvas = Image.new("RGB", (GAP + len(panels) * (PLOT_W + GAP), TITLE_H + PLOT_H + 2 * GAP + 12), (40, 40, 40))
     draw = ImageDraw.Draw(canvas)
-    for i, (title, series, (lo, hi)) in enumerate(panels):
+    for i, panel in enumerate(panels):
+        title, series, (lo, hi) = panel[:3]
+        # the x axis: over t by default, or the panel's own ends ("σ = 0.01", "σ = 1")
+        left, right = panel[3] if len(panel) > 3 else ("t = 0", f"t = {len(series[0][0]) - 1}")
         x0, y0 = GAP + i * (PLOT_W + GAP), GAP + TITLE_H
         draw.text((x0, GAP), title, fill=(230, 230, 230))
         draw.rectangle([x0, y0, x0 + PLOT_W, y0 + PLOT_H], outline=(120, 120, 120), fill=(25, 25, 25))
-        draw.text((x0 + 2, y0 + PLOT_H + 1), "t = 0", fill=(160, 160, 160))
-        draw.text((x0 + PLOT_W - 48, y0 + PLOT_H + 1), f"t = {len(series[0][0]) - 1}", fill=(160, 160, 160))
+        draw.text((x0 + 2, y0 + PLOT_H + 1), left, fill=(160, 160, 160))
+        draw.text((x0 + PLOT_W - 6 * len(right) - 6, y0 + PLOT_H + 1), right, fill=(160, 160, 160))
         draw.text((x0 + 2, y0 + 1), f"{hi:g}", fill=(160, 160, 160))
         draw.text((x0 + 2, y0 + PLOT_H - 12), f"{lo:g}", fill=(160, 160, 160))
         legend = {}  # one entry per colour: the curve's name, then what solid and dotted mean

@@ -78,6 +78,22 @@ def text_embeddings(batch: int, generator, tokens: int = TEXT_TOKENS):
     return torch.randn((batch, tokens, TEXT_DIM), generator=generator)
 
 
+POOLED_DIM = 16  # the tiny SD3 transformer's pooled text width
+
+
+def sd3_transformer(sample_size: int = 8):
+    """A tiny SD3Transformer2DModel in SD's latent layout: 4 channels, 2×2 patches, one joint block of 2 heads
+    of 8, text width 32 (TEXT_DIM), pooled width 16 (POOLED_DIM). Call it with hidden_states, timestep,
+    encoder_hidden_states and pooled_projections."""
+    from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(
+        sample_size=sample_size, patch_size=2, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+        num_layers=1, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=TEXT_DIM,
+        caption_projection_dim=16, pooled_projection_dim=POOLED_DIM, pos_embed_max_size=sample_size,
+    ).eval()
+
+
 def flux_pipeline(guidance_embeds: bool):
     """A FluxPipeline with no text encoders (call it with prompt_embeds and pooled_prompt_embeds): a tiny
     FluxTransformer2DModel (16 packed latent channels, 2 heads of 8, text width 16, pooled width 8; guidance
