@@ -380,6 +380,23 @@ LESSON_TRAPS = {
          trap("every resident part on the device for the whole forward (a block module's counted outside its own "
               "forward)")),
     ],
+    "24_img2img_inpainting": [
+        ("SD3's img2img rounds the other way", trap("k rounded the other way (the other pipeline's rule, or round())")),
+        ("A second-order scheduler", trap("the scheduler's order ignored (t_start timesteps skipped, not t_start·order)")),
+        ("Keeping the head of the schedule",
+         trap("the head of the schedule kept (the noisiest steps run, the last skipped)",
+              "steps counted as timesteps (len of the kept timesteps)")),
+        ("Drawing the noise before the VAE's sample",
+         trap("the noise drawn before the encoder's sample", "the encoder's mean (latent_dist.mode()) instead of a sample")),
+        ("SD3's latents are", trap("SD3's shift after the scaling: z·scaling_factor − shift_factor",
+                                   "SD3's shift_factor ignored")),
+        ("The masked image keeps the pixels", trap("the masked image keeps the region to repaint (image·mask)")),
+        ("Resizing the mask bilinearly", trap("the mask resized bilinearly (blurred edges)")),
+        ("Scaling the 9-channel input", trap("the whole 9-channel stack scaled (mask and masked latents too)")),
+        ("The 4-channel blend at the current timestep",
+         trap("the known region noised to the current timestep, not the next",
+              "the known region noised after the last step too")),
+    ],
     "23_training_objective": [
         ("The target of another prediction type",
          trap("ε returned whatever the prediction type (the target of another prediction type)",

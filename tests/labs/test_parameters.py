@@ -21,7 +21,8 @@ LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_cla
         "05_sampling_loop", "06_vae_latents", "07_pipeline_components", "08_conditioning", "09_lora",
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
         "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts", "19_half_precision",
-        "20_first_block_cache", "21_serving_batcher", "22_offload_schedule", "23_training_objective"]
+        "20_first_block_cache", "21_serving_batcher", "22_offload_schedule", "23_training_objective",
+        "24_img2img_inpainting"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"
@@ -61,6 +62,9 @@ fixed(L23, "ddpm_training_loss", "vs train_text_to_image.py's loss (the same dra
 fixed(L23, "timestep_density", "vs compute_density_for_timestep_sampling (the same generator)", generator=_DRAWS)
 fixed(L23, "flow_matching_loss", "vs train_dreambooth_sd3.py's loss (the same draws from the generator)",
       transformer=MODEL, generator=_DRAWS)
+L24 = "24_img2img_inpainting"
+fixed(L24, "img2img_latents", "vs the img2img pipelines' prepare_latents (the same generator)", generator=_DRAWS)
+fixed(L24, "prepare_mask_latents", "vs StableDiffusionInpaintPipeline.prepare_mask_latents", generator=_DRAWS)
 
 # ---- lab 14 -------------------------------------------------------------------------------------------
 L14 = "14_multistep_solvers"

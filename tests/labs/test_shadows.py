@@ -55,6 +55,7 @@ SHADOWED_LABS = {
     "21_serving_batcher": {},
     "22_offload_schedule": {},
     "23_training_objective": {},
+    "24_img2img_inpainting": {},
     "16_few_step": {("few_step_sample", None): "a whole pipeline loop through a UNet: its reference is the "
                                                 "pipeline's own forwards, with no float64 twin"},
 }

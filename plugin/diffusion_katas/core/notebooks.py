@@ -30,7 +30,8 @@ from diffusion_katas.core.lessons import SECTIONS as LESSON_SECTIONS
 SECTION = re.compile(r"^# ---- (?P<title>.*?) -*$")
 NOTEBOOKS = "notebooks"  # the folder, beside katas/
 # The labs `kata see` draws a picture for (engine/see.py: PICTURES; a test holds the two to the same labs).
-PICTURED = ("01_forward_noise", "02_denoising_step", "05_sampling_loop", "15_karras_edm", "23_training_objective")
+PICTURED = ("01_forward_noise", "02_denoising_step", "05_sampling_loop", "15_karras_edm", "23_training_objective",
+            "24_img2img_inpainting")
 COURSE_URL = "COURSE = \"\"  # the course's git URL (your instructor's hand-out), for a fresh runtime such as Colab"
 
 

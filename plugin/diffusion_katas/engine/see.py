@@ -68,6 +68,10 @@ PICTURES = {
         "sd3_loss_weighting", ("min_snr_weights", "sd3_loss_weighting", "timestep_density"),
         "your loss weights over t and σ and your timestep densities, over the training scripts' (Min-SNR-γ on "
         "compute_snr, compute_loss_weighting_for_sd3, compute_density_for_timestep_sampling)", "draw_weights"),
+    "24_img2img_inpainting": Picture(
+        "blend_known_region", ("img2img_timesteps", "blend_known_region"),
+        "your img2img_timesteps and blend_known_region inpainting the trained shapes UNet's masked images "
+        "(DDIM, strength 0.8), against the pipeline's own blend", "draw_inpainting"),
     "05_sampling_loop": Picture(
         "generate", ("initial_noise", "sampling_loop", "to_image"),
         "your generate() with DDIMScheduler (η = 0) on the trained shapes UNet, against DDIMPipeline",
@@ -321,6 +325,58 @@ def draw_generate(learner: Learner, args):
              "your samples read as: " + ", ".join(shapes.CLASSES[c] if c is not None else "no clear shape"
                                                   for c in seen)]
     return blocks, notes + _compared(reference, mine)
+
+
+# ---- 24: inpainting with the trained shapes model --------------------------------------------------------
+def draw_inpainting(learner: Learner, args):
+    import torch
+    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_inpaint import StableDiffusionInpaintPipeline
+    from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+
+    labels, strength = [1, 1, 1, 0, 0, 2], 0.8
+    unet, config = shapes.load()
+    unet = shapes.with_labels(unet, labels)
+    g = torch.Generator().manual_seed(args.seed)
+    x0 = shapes.draw(labels, g)
+    noise = torch.randn(x0.shape, generator=g)
+    mask = torch.zeros((len(labels), 1, shapes.SIZE, shapes.SIZE))
+    mask[..., shapes.SIZE // 2:] = 1.0  # repaint the right half
+    runs = {}
+    for who in ("diffusers", "yours"):
+        s = DDIMScheduler.from_config(config.config)
+        s.set_timesteps(args.steps)
+        if who == "diffusers":  # the pipelines' get_timesteps, on a stand-in self
+            timesteps, _ = StableDiffusionInpaintPipeline.get_timesteps(type("P", (), {"scheduler": s})(), args.steps,
+                                                                       strength, "cpu")
+        else:
+            kept = learner.call("img2img_timesteps", scheduler=s, num_inference_steps=args.steps, strength=strength,
+                                pipeline="sd")
+            if not (isinstance(kept, tuple) and len(kept) == 3 and isinstance(kept[0], torch.Tensor)):
+                raise Stop(1, "your img2img_timesteps returned no (timesteps, steps, begin) triple")
+            timesteps = kept[0]
+        x = s.add_noise(x0, noise, timesteps[:1].repeat(len(labels)))
+        for i, t in enumerate(timesteps):
+            with torch.no_grad():
+                x = s.step(unet(x, t).sample, t, x).prev_sample
+            if who == "diffusers":  # StableDiffusionInpaintPipeline.__call__'s blend for a 4-channel UNet
+                known = s.add_noise(x0, noise, torch.tensor([timesteps[i + 1]])) if i < len(timesteps) - 1 else x0
+                x = (1 - mask) * known + mask * x
+            else:
+                x = _tensor(learner.call("blend_known_region", latents=x, image_latents=x0, noise=noise, mask=mask,
+                                         scheduler=s, timesteps=timesteps, i=i), "blend_known_region", x0.shape)
+        runs[who] = ((x / 2 + 0.5).clamp(0, 1))
+    unet._forward_pre_hooks.clear()
+    theirs, mine = runs["diffusers"], runs["yours"]
+    shown = (x0 / 2 + 0.5) * (1 - mask) + 0.5 * mask  # the known half, grey where the model paints
+    blocks = [("images", [shown, theirs, mine, ((mine - theirs).abs() * DIFF_GAIN).clamp(0, 1)],
+               ["the known left half (grey: to repaint)", "diffusers' blend, every step", "yours (blend_known_region)",
+                DIFF_TITLE])]
+    seen = shapes.classify(mine * 2 - 1)
+    notes = [f"{len(labels)} shapes images ({', '.join(shapes.CLASSES[c] for c in labels)}), the right half masked, "
+             f"repainted by the trained UNet over the last {strength:g} of a {args.steps}-step DDIM schedule",
+             "your completions read as: " + ", ".join(shapes.CLASSES[c] if c is not None else "no clear shape"
+                                                      for c in seen)]
+    return blocks, notes + _compared(theirs, mine)
 
 
 # ---- 23: loss weights and timestep densities ----------------------------------------------------------------

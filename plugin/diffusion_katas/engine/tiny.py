@@ -27,12 +27,13 @@ def unet2d(sample_size: int = 16, channels: int = 3):
     ).eval()
 
 
-def unet_cond(sample_size: int = 8):
-    """A text-conditioned UNet2DConditionModel in SD's latent layout (cross-attention dim 32)."""
+def unet_cond(sample_size: int = 8, in_channels: int = LATENT_CHANNELS):
+    """A text-conditioned UNet2DConditionModel in SD's latent layout (cross-attention dim 32); in_channels 9 is
+    SD-inpainting's (the latents, the mask and the masked image's latents stacked)."""
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 
     return UNet2DConditionModel(
-        sample_size=sample_size, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+        sample_size=sample_size, in_channels=in_channels, out_channels=LATENT_CHANNELS,
         layers_per_block=1, block_out_channels=(8, 16), norm_num_groups=4,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
@@ -40,8 +41,9 @@ def unet_cond(sample_size: int = 8):
     ).eval()
 
 
-def vae(downsample: int = 2, sample_size: int = 32):
-    """An AutoencoderKL with 4 latent channels; `downsample` 2 (two blocks), 4 (three) or 8 (four, SD-like)."""
+def vae(downsample: int = 2, sample_size: int = 32, **config):
+    """An AutoencoderKL with 4 latent channels; `downsample` 2 (two blocks), 4 (three) or 8 (four, SD-like);
+    `config`: more of its config (scaling_factor, shift_factor: SD3's VAE has both)."""
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
     blocks = {2: (8, 16), 4: (8, 8, 16), 8: (8, 8, 16, 16)}[downsample]
@@ -49,7 +51,7 @@ def vae(downsample: int = 2, sample_size: int = 32):
         in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, block_out_channels=blocks,
         down_block_types=("DownEncoderBlock2D",) * len(blocks),
         up_block_types=("UpDecoderBlock2D",) * len(blocks),
-        layers_per_block=1, norm_num_groups=4, sample_size=sample_size,
+        layers_per_block=1, norm_num_groups=4, sample_size=sample_size, **config,
     ).eval()
 
 
