@@ -84,6 +84,8 @@ TWINS = [
      importlib.import_module("test_17_mmdit_attention").flux_body(second="negative_prompt_embeds is not None"),
      "OVER transformer calls"),
     ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", THROWN_AWAY, "UNet calls over 5 steps"),
+    ("25_video_latents", "decode_to_uint8", "peak memory: the uint8 video and one chunk, not the float video",
+     importlib.import_module("test_25_video_latents").WHOLE_VIDEO, "OVER peak live bytes"),
 ]
 
 

@@ -380,6 +380,28 @@ LESSON_TRAPS = {
          trap("every resident part on the device for the whole forward (a block module's counted outside its own "
               "forward)")),
     ],
+    "25_video_latents": [
+        ("Frame counts that are not 4k + 1",
+         trap("rounded up to the next t·k + 1", "rounded to a multiple of t (the + 1 forgotten)",
+              "F // t latent frames (the first frame's own latent forgotten)")),
+        ("Chunking the encoder in fours from frame 0",
+         trap("chunks of four from frame 0 (the first frame not alone)",
+              "chunks of four from frame 0, whole groups only (the first frame not alone)",
+              "a partial group at the end encoded too")),
+        ("The first latent frame decodes to one frame",
+         check("vs AutoencoderKLWan.decode and VideoProcessor.postprocess_video's pixels",
+               "the video's frame count is checked first (structure): 1 + t·(F' − 1), and the message gives both")),
+        ("The rotary split", trap("the remainder of D given to the columns, not the frames",
+                                  "cos and sin in the half-split layout (c₀ … c_{d/2−1}, c₀ … c_{d/2−1}), not "
+                                  "interleaved")),
+        ("Positions per patch", trap("positions per latent voxel, not per patch",
+                                     "positions counted in latent voxels (the patch's corner), not in patches")),
+        ("Token order", trap("the axes in another order (rows, columns, frames)", "tokens read with columns before rows",
+                             "each token's vector read channels first (C, p_t, p_h, p_w)")),
+        ("Decoding the whole float video", budget("peak memory: the uint8 video and one chunk, not the float video")),
+        ("uint8 pixels are", trap("truncated to uint8 instead of rounded",
+                                  "not clamped to [−1, 1] (values outside wrap around in uint8)")),
+    ],
     "24_img2img_inpainting": [
         ("SD3's img2img rounds the other way", trap("k rounded the other way (the other pipeline's rule, or round())")),
         ("A second-order scheduler", trap("the scheduler's order ignored (t_start timesteps skipped, not t_start·order)")),

@@ -22,7 +22,7 @@ LABS = ["01_forward_noise", "02_denoising_step", "03_scheduler_reading", "04_cla
         "10_controlnet", "11_memory", "12_end_to_end", "13_flow_matching", "14_multistep_solvers", "15_karras_edm",
         "16_few_step", "17_mmdit_attention", "18_text_and_image_prompts", "19_half_precision",
         "20_first_block_cache", "21_serving_batcher", "22_offload_schedule", "23_training_objective",
-        "24_img2img_inpainting"]
+        "24_img2img_inpainting", "25_video_latents"]
 SEED = 1234
 
 MODEL = "a model built from the lab's one tiny config: its weights are random, what it is never varies"

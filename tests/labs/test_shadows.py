@@ -56,6 +56,8 @@ SHADOWED_LABS = {
     "22_offload_schedule": {},
     "23_training_objective": {},
     "24_img2img_inpainting": {},
+    "25_video_latents": {("unpatchify_video", None): "a rearrangement of the tokens, no arithmetic: bit for bit (EXACT)",
+                         ("decode_to_uint8", None): "uint8 pixels, compared level by level (one level at a tie)"},
     "16_few_step": {("few_step_sample", None): "a whole pipeline loop through a UNet: its reference is the "
                                                 "pipeline's own forwards, with no float64 twin"},
 }

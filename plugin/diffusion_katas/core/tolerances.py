@@ -48,6 +48,18 @@ SIGMA = Tol(
     "vs float32 differs by a few float32 ulps relative to that size",
 )
 
+ROTARY_TABLE = Tol(
+    2e-5, 0.0,
+    "cos/sin tables of positions below 64: diffusers computes them in float64 and casts; computed in float32 "
+    "an angle is off by at most ~64 float32 ulps of 1 (4e-6); a wrong split, layout or position is off by ~1",
+)
+
+PIXEL_LEVEL = Tol(
+    1.0, 0.0,
+    "uint8 pixels: the same decode converted with the same formula in another float order may round a pixel at "
+    "a tie the other way, one level (the check also holds the share of such pixels to 0.5%)",
+)
+
 MODEL_FORWARD = Tol(
     1e-5, 1e-5,
     "a model's forward (a UNet, a text encoder, an attention block) run at another batch size or split "
