@@ -119,6 +119,34 @@ def test_a_function_edited_is_no_longer_an_untouched_stub_and_a_comment_changes_
     assert Course(tmp_path).untouched_todos(lab) == []
 
 
+def test_an_untouched_kata_file_is_graded_todo_without_a_runner_and_an_edited_one_opens_one(tmp_path):
+    # Counted, not timed: a conftest makes every runner fail loudly. An untouched file (its ast the pristine one's,
+    # nothing run at import) is all TODO without one; a file that runs code at import (lab 12 loads earlier labs)
+    # and an edited file still open runners, and so meet the planted failure.
+    import shutil
+
+    for folder in ("katas", "graders", "solutions"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    shutil.copyfile(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "conftest.py").write_text(
+        "from diffusion_katas.engine import runner\n"
+        "def refuse(*args, **kwargs):\n"
+        "    raise RuntimeError('a runner was started')\n"
+        "runner.Runner.__init__ = refuse\n", encoding="utf-8")
+    kata = tmp_path / "katas" / "04_classifier_free_guidance.py"
+    kata.write_text(kata.read_text(encoding="utf-8").replace("raise NotImplementedError", "return None", 1),
+                    encoding="utf-8")
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--kata-json", str(report),
+                    "katas/01_forward_noise.py", "katas/04_classifier_free_guidance.py", "katas/12_end_to_end.py"],
+                   cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    results = json.loads(report.read_text(encoding="utf-8"))["results"]
+    by_lab = {lab: {r["status"] for r in results if r["lab"] == lab} for lab in
+              ("01_forward_noise", "04_classifier_free_guidance", "12_end_to_end")}
+    assert by_lab["01_forward_noise"] == {"todo"}, by_lab
+    assert "failed" in by_lab["04_classifier_free_guidance"] and "failed" in by_lab["12_end_to_end"], by_lab
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_each_kata_function_has_three_hint_tiers_a_trap_and_an_answer_key_or_a_reason(lab):
     from diffusion_katas.engine.isolation import _targets
