@@ -42,13 +42,27 @@ GPU_ATTENTION_PEAK_WHY = ("a block of queries at a time holds a small part of it
 
 
 @functools.cache
-def _seeded_vae(downsample: int, sample_size: int, seed: int):
-    """A tiny VAE built once, its weights from a fixed seed (the global RNG left as it was)."""
+def _seeded_vae(downsample: int, sample_size: int, seed: int, post_quant_conv: bool = True):
+    """A tiny VAE built once, its weights from a fixed seed (the global RNG left as it was); without a
+    post_quant_conv (config.use_post_quant_conv False), as SD3's and Flux's VAEs are."""
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    vae = tiny.vae(downsample=downsample, sample_size=sample_size)
+    vae = tiny.vae(downsample=downsample, sample_size=sample_size,
+                   **({} if post_quant_conv else dict(use_quant_conv=False, use_post_quant_conv=False)))
     torch.random.set_rng_state(state)
     return vae
+
+
+@functools.cache
+def _vae8_without_post_quant_conv():
+    return _seeded_vae(8, 64, 20240613, post_quant_conv=False)
+
+
+@functools.cache
+def _vae8_without_post_quant_conv_double():
+    import copy
+
+    return copy.deepcopy(_vae8_without_post_quant_conv()).double()
 
 
 def _vae8():
@@ -160,6 +174,8 @@ TILE_CASES = [
     dict(latent=(11, 19), tile=8, overlap=0.25, batch=1, dtype="float16"),
     # An x4 VAE (three blocks): the scale factor comes from the VAE's config, not SD's 8.
     dict(latent=(13, 17), tile=8, overlap=0.25, batch=1, downsample=4),
+    # A VAE without post_quant_conv (SD3's, Flux's): decode calls it only where config.use_post_quant_conv is set.
+    dict(latent=(13, 13), tile=8, overlap=0.25, batch=1, post_quant_conv=False),
 ]
 
 
@@ -195,10 +211,11 @@ def _vae8_double(half: bool = False):
 def _(case, g):
     half = case.get("dtype") == "float16"
     four = case.get("downsample") == 4
-    vae = _vae4() if four else _vae8_half() if half else _vae8()
+    plain = case.get("post_quant_conv", True) is False
+    vae = _vae4() if four else _vae8_without_post_quant_conv() if plain else _vae8_half() if half else _vae8()
     configure_tiling(vae, case["tile"], case["overlap"])
     z = torch.randn((case["batch"], 4) + case["latent"], generator=g).to(torch.float16 if half else torch.float32)
-    twin = _vae4_double() if four else _vae8_double(half)
+    twin = _vae4_double() if four else _vae8_without_post_quant_conv_double() if plain else _vae8_double(half)
     configure_tiling(twin, case["tile"], case["overlap"])
     with torch.no_grad():
         expected = vae.tiled_decode(z).sample
@@ -209,13 +226,18 @@ def _(case, g):
                     expected=expected, exact=exact, on_mismatch=difference_png(expected, name))
 
 
+def _pqc(vae, z):
+    """post_quant_conv where the VAE has one (config.use_post_quant_conv), as AutoencoderKL.decode runs it."""
+    return vae.post_quant_conv(z) if vae.config.use_post_quant_conv else z
+
+
 def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False, vsf=None):
     """A whole-tile tiled decode with switches for the traps (fresh_neighbours: blend against
     neighbours as decoded, before their own blending; vsf: a scale factor other than the VAE's)."""
     vsf = vsf or 2 ** (len(vae.config.block_out_channels) - 1)
     stride, e = int(t * (1 - overlap)), int(t * vsf * overlap)
     keep = t * vsf - e
-    decoded = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+    decoded = [[vae.decoder(_pqc(vae, latents[:, :, i:i + t, j:j + t]))
                 for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
     raw = [[tile.clone() for tile in row] for row in decoded]
     rows = []
@@ -260,7 +282,7 @@ def _(vae, latents, tile_latent_size, overlap_factor):
                         "rounding. Decode tile by tile and blend the seams.")
 @torch.no_grad()
 def _(vae, latents, tile_latent_size, overlap_factor):
-    return vae.decoder(vae.post_quant_conv(latents))
+    return vae.decoder(_pqc(vae, latents))
 
 
 @tiled_decode.trap("tiles cropped and placed without blending (seams)",
@@ -404,13 +426,15 @@ sliced_decode = Kata(
 
 
 @sliced_decode.check("vs AutoencoderKL.decode with slicing",
-                     cases=[dict(batch=3, latent=(8, 8)), dict(batch=2, latent=(5, 7)), dict(batch=1, latent=(6, 6))],
+                     cases=[dict(batch=3, latent=(8, 8)), dict(batch=2, latent=(5, 7)), dict(batch=1, latent=(6, 6)),
+                            dict(batch=2, latent=(6, 6), post_quant_conv=False)],  # SD3's and Flux's VAEs
                      tol=MODEL_FORWARD)
 def _(case, g):
-    vae = _vae8()
+    plain = case.get("post_quant_conv", True) is False
+    vae = _vae8_without_post_quant_conv() if plain else _vae8()
     vae.disable_tiling()
     z = torch.randn((case["batch"], 4) + case["latent"], generator=g)
-    twin = _vae8_double()
+    twin = _vae8_without_post_quant_conv_double() if plain else _vae8_double()
     twin.disable_tiling()
     vae.enable_slicing()
     twin.enable_slicing()
@@ -422,6 +446,23 @@ def _(case, g):
         vae.disable_slicing()
         twin.disable_slicing()
     return Scenario(inputs=dict(vae=vae, latents=z), expected=expected, exact=exact)
+
+
+@sliced_decode.trap("post_quant_conv called whatever the config (SD3's and Flux's VAEs have none)",
+                    hint="Run vae.post_quant_conv only if vae.config.use_post_quant_conv: a VAE without one (SD3's, "
+                         "Flux's) has post_quant_conv = None.")
+@torch.no_grad()
+def _(vae, latents):
+    return torch.cat([vae.decoder(vae.post_quant_conv(latents[b:b + 1])) for b in range(latents.shape[0])])
+
+
+@tiled_decode.trap("post_quant_conv called whatever the config (SD3's and Flux's VAEs have none)",
+                   hint="Run vae.post_quant_conv only if vae.config.use_post_quant_conv: a VAE without one (SD3's, "
+                        "Flux's) has post_quant_conv = None.")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    vae.post_quant_conv(latents[:, :, :1, :1])  # raises where the VAE has none; elsewhere the right answer follows
+    return _tiles(vae, latents, tile_latent_size, overlap_factor)
 
 
 @sliced_decode.trap("post_quant_conv skipped",

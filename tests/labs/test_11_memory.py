@@ -9,7 +9,8 @@ DIFFUSERS_STYLE_TILED_DECODE = """
     t = tile_latent_size
     stride, e = int(t * (1 - overlap_factor)), int(t * vsf * overlap_factor)
     keep = t * vsf - e
-    rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+    rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]) if vae.config.use_post_quant_conv
+                          else latents[:, :, i:i + t, j:j + t])
              for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
     out_rows = []
     for i, row in enumerate(rows):
@@ -58,13 +59,14 @@ MUTANTS = [
         t = tile_latent_size
         stride, e = int(t * (1 - overlap_factor)), int(t * vsf * overlap_factor)
         keep = t * vsf - e
-        rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]))
+        rows = [[vae.decoder(vae.post_quant_conv(latents[:, :, i:i + t, j:j + t]) if vae.config.use_post_quant_conv
+                          else latents[:, :, i:i + t, j:j + t])
                  for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
         return torch.cat([torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3) for row in rows], dim=2)
      """, "tiles cropped and placed without blending"),
     ("tiled_decode", """
         # untiled decode: the right shape only when the tiles divide evenly, and never the same values
-        return vae.decoder(vae.post_quant_conv(latents))
+        return vae.decoder(vae.post_quant_conv(latents) if vae.config.use_post_quant_conv else latents)
      """, "the whole latent decoded at once"),
     ("tiled_decode",  # the output allocated with torch.empty's default dtype: float32 for a float16 VAE
      changed("tiled_decode", "tile.new_empty(B, tile.shape[1], sum(heights), sum(widths))",
@@ -95,6 +97,9 @@ MUTANTS = [
                                                           "round(t * (1 - overlap_factor))"), Fails("wrong", "has shape")),
     ("sliced_decode", "return torch.cat([vae.decoder(latents[b:b + 1]) for b in range(latents.shape[0])])",
      "post_quant_conv skipped"),
+    ("sliced_decode",  # post_quant_conv whatever the config: a VAE without one (SD3's, Flux's) has it as None
+     "return torch.cat([vae.decoder(vae.post_quant_conv(latents[b:b + 1])) for b in range(latents.shape[0])])",
+     "post_quant_conv called whatever the config"),
     ("chunked_attention", """
         s = query.shape[-1] ** -0.5 if scale is None else scale
         scores = query @ key.transpose(-2, -1) * s
@@ -136,7 +141,8 @@ def test_a_tiled_decode_that_keeps_every_tile_is_correct_but_over_budget(grade_m
 
 
 def test_decoding_the_whole_batch_at_once_is_correct_but_over_the_slicing_budget(grade_mutant):
-    graded = grade_mutant(LAB, "sliced_decode", "return vae.decoder(vae.post_quant_conv(latents))")
+    graded = grade_mutant(LAB, "sliced_decode", "return vae.decoder(vae.post_quant_conv(latents) "
+                                                "if vae.config.use_post_quant_conv else latents)")
     assert graded.status == "over budget", graded
     assert "OVER peak live bytes, batch of 4 at 128² px" in graded.text
 

@@ -67,7 +67,8 @@ TWINS = [
      "OVER working set (peak minus the output)"),
     ("11_memory", "tiled_decode", "FLOPs of one pass over the tiles", None, "OVER FLOPs"),
     ("11_memory", "sliced_decode", "peak bytes of one sample at a time",
-     "return vae.decoder(vae.post_quant_conv(latents))", "OVER peak live bytes, batch of 4"),
+     "return vae.decoder(vae.post_quant_conv(latents) if vae.config.use_post_quant_conv else latents)",
+     "OVER peak live bytes, batch of 4"),
     ("11_memory", "chunked_attention", "peak bytes under the naive score matrix", """
         s = query.shape[-1] ** -0.5 if scale is None else scale
         scores = query @ key.transpose(-2, -1) * s
@@ -218,7 +219,7 @@ HIDDEN_COST = [
      "has no attribute 'denoiser'"),
     ("09_lora", "lora_forward", THREADED.format(work="F.linear(x, weight + (lora_B @ lora_A) * scaling, bias)"),
      "started a thread"),
-    ("11_memory", "sliced_decode", THREADED.format(work="vae.decoder(vae.post_quant_conv(latents))"),
+    ("11_memory", "sliced_decode", THREADED.format(work="vae.decoder(vae.post_quant_conv(latents) if vae.config.use_post_quant_conv else latents)"),
      "started a thread"),
     ("20_first_block_cache", "first_block_cache_step", EVERY_BLOCK.replace(  # and the log emptied after
         "        if cache is not None", "        blocks.calls.clear()\n        if cache is not None", 1), "OVER block calls"),

@@ -157,7 +157,6 @@ fixed(L10, "controlnet_cfg_step", "vs StableDiffusionControlNetPipeline",
       unet="the tiny UNet of the pipeline: " + MODEL, controlnet="ControlNetModel.from_unet of it: " + MODEL)
 
 # ---- lab 11 -------------------------------------------------------------------------------------------
-fixed(L11, "sliced_decode", "vs AutoencoderKL.decode with slicing", vae="the x8 tiny VAE: " + MODEL)
 
 # ---- lab 12 -------------------------------------------------------------------------------------------
 fixed(L12, "denoise", "vs StableDiffusionPipeline latents", generator=GENERATOR)
