@@ -290,6 +290,22 @@ def test_what_only_the_kernel_holds_never_changes_the_verdict_pytest_gives_on_th
         assert re.search(rf"^\s*{mark}\s+{name}$", whole, re.M), (name, whole)
 
 
+def test_a_functions_check_in_a_lab_never_graded_counts_its_other_stubs_as_todo(course):
+    # No record of the lab at all (edited before the notebook opened): the check grades the function and still
+    # shows the whole lab, its untouched functions TODO, never "every function passes".
+    from diffusion_katas.commands.learner.notebook import Kata
+
+    kata_file = course / "katas" / f"{LAB}.py"
+    kata_file.write_text(kata_file.read_text(encoding="utf-8").replace(
+        "    # TODO: space √β evenly (float32), then square\n    raise NotImplementedError",
+        "    return torch.linspace(beta_start ** 0.5, beta_end ** 0.5, num_train_timesteps) ** 2"), encoding="utf-8")
+    assert not (course / ".kata" / "last-grading.json").exists()
+    verdict = Kata(LAB, root=course).check("scaled_linear_betas")
+    assert re.search(r"^\s*passed\s+scaled_linear_betas$", verdict.text, re.M), verdict.text
+    assert "1/6 solved" in verdict.text and "every function in this lab passes" not in verdict.text, verdict.text
+    assert verdict.ok is False
+
+
 # ---- the README's notebook section -----------------------------------------------------------------------
 def readme_colab_cell() -> str:
     readme = (REPO / "README.md").read_text(encoding="utf-8")

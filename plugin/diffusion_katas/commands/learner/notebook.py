@@ -155,8 +155,9 @@ class Kata:
             grading = grade(self.course, rel, *[a for n in wanted for a in ("--kata-function", n)])
             merged = incremental.merge(before, grading.report, lab, set(wanted)) \
                 if grading.report is not None and lab_entry(before, lab) is not None else None
-            if merged is not None:
-                grading = Grading(_complete(merged, lab, graded_functions, stubs), grading.output,
+            report = merged if merged is not None else grading.report
+            if report is not None:  # the whole lab: what was graded, the rest as last graded, stubs as TODO
+                grading = Grading(_complete(report, lab, graded_functions, stubs), grading.output,
                                   grading.returncode, grading.seconds)
             others = [f"`{n}`" for n in wanted if n != function]
             note = (f"graded `{function}`" + (f" and {', '.join(others)} (changed or never graded)" if others else "")
