@@ -18,7 +18,6 @@ Precision: the rotary tables carry a float64 shadow (the same formula in float64
 compared level by level (`one_level`).
 """
 import functools
-import math
 
 import numpy as np
 import torch
