@@ -16,7 +16,7 @@ from diffusion_katas.engine import tiny
 from diffusion_katas.engine.helpers import (DTYPES, EVERY_PIPELINE_CALL, SD_BETAS, PipelineRecorder, TrajectoryProbe,
                                            first_divergence, localizer, quiet_diffusers, seed_from)
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
-from diffusion_katas.core.tolerances import EXACT, MODEL_FORWARD
+from diffusion_katas.core.tolerances import MODEL_FORWARD, TRACE_VALUES
 
 SCHEDULERS = {
     "DDIM": lambda: DDIMScheduler(**SD_BETAS),
@@ -64,32 +64,9 @@ def record_run(case: dict, g: torch.Generator, output_type: str):
     B, height, width = case["batch"], case["height"], case["width"]
     prompt, negative = tiny.text_embeddings(B, g).to(dtype), tiny.text_embeddings(B, g).to(dtype)
     seed = seed_from(g)
-    rec: dict = {}
-
-    # PipelineRecorder sees the UNet and scheduler.step; x_T, the generator after it and the decoder are ours.
-    original_prepare = pipe.prepare_latents
     generator = torch.Generator().manual_seed(seed)
-
-    def prepare_latents(*args, **kwargs):
-        latents = original_prepare(*args, **kwargs)
-        rec["initial"] = latents.clone()
-        rec["generator_after_prepare"] = generator.get_state()
-        return latents
-
-    def decoder_post(module, args, out):
-        rec["decoded"] = out.clone()
-
-    pipe.prepare_latents = prepare_latents
-    hook = vae.decoder.register_forward_hook(decoder_post)
-    try:
-        with torch.no_grad(), quiet_diffusers(), PipelineRecorder(pipe, unet) as recorder:
-            out = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=height, width=width,
-                       num_inference_steps=case["steps"], guidance_scale=case["guidance_scale"],
-                       guidance_rescale=case.get("guidance_rescale", 0.0), eta=case.get("eta", 0.0),
-                       generator=generator, output_type=output_type)
-    finally:
-        hook.remove()
-    rec.update(steps=recorder.steps, final=recorder.final, generator=generator)  # the generator, after the run
+    rec, out = _run(pipe, unet, prompt, negative, height, width, case["steps"], case["guidance_scale"], generator,
+                    output_type, guidance_rescale=case.get("guidance_rescale", 0.0), eta=case.get("eta", 0.0))
     inputs = dict(unet=unet, scheduler=learner_scheduler, prompt_embeds=prompt, negative_prompt_embeds=negative)
     return pipe, inputs, rec, out, seed
 
@@ -103,6 +80,34 @@ CASES = [
     dict(scheduler="Euler leading", batch=2, height=24, width=32, steps=4, guidance_scale=6.0, latent_channels=3),
 ]
 
+
+def _run(pipe, unet, prompt, negative, height, width, steps, guidance_scale, generator, output_type, *,
+         guidance_rescale=0.0, eta=0.0):
+    """The pipeline called once, recorded: (record dict, output). PipelineRecorder sees the UNet and
+    scheduler.step; x_T, the generator after it and the decoder's output are recorded here."""
+    rec: dict = {}
+    original_prepare = pipe.prepare_latents
+
+    def prepare_latents(*args, **kwargs):
+        latents = original_prepare(*args, **kwargs)
+        rec["initial"] = latents.clone()
+        rec["generator_after_prepare"] = generator.get_state()
+        return latents
+
+    def decoder_post(module, args, out):
+        rec["decoded"] = out.clone()
+
+    pipe.prepare_latents = prepare_latents
+    hook = pipe.vae.decoder.register_forward_hook(decoder_post)
+    try:
+        with torch.no_grad(), quiet_diffusers(), PipelineRecorder(pipe, unet) as recorder:
+            out = pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=height, width=width,
+                       num_inference_steps=steps, guidance_scale=guidance_scale, guidance_rescale=guidance_rescale,
+                       eta=eta, generator=generator, output_type=output_type)
+    finally:
+        hook.remove()
+    rec.update(steps=recorder.steps, final=recorder.final, generator=generator)  # the generator, after the run
+    return rec, out
 
 # ---- denoise -------------------------------------------------------------------------------------------
 denoise = Kata(
@@ -257,9 +262,15 @@ inference_trace = Kata(
 )
 
 
+def _record(name, t):
+    """The kata's boundary(): shape, dtype, device and the values in brief (min, max, mean in float32)."""
+    values = t.detach().float()
+    return {"boundary": name, "shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device),
+            "min": float(values.min()), "max": float(values.max()), "mean": float(values.mean())}
+
+
 def _records(rec, images):
-    def b(name, t):
-        return {"boundary": name, "shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
+    b = _record
 
     first = rec["steps"][0]
     return [b("conditioning", first.conditioning), b("initial latents", rec["initial"]),
@@ -268,7 +279,8 @@ def _records(rec, images):
             b("decoded", rec["decoded"]), b("image", images)]
 
 
-@inference_trace.check("vs the pipeline's own boundaries", cases=[CASES[0], CASES[2], CASES[3], CASES[4]], tol=EXACT)
+@inference_trace.check("vs the pipeline's own boundaries", cases=[CASES[0], CASES[2], CASES[3], CASES[4]],
+                       tol=TRACE_VALUES)
 def _(case, g):
     case = dict(case, eta=0.0, guidance_rescale=0.0)
     pipe, inputs, rec, out, seed = record_run(case, g, "pt")
@@ -296,40 +308,71 @@ def _traced_a_real_run(probe: TrajectoryProbe, steps: list):
     return verify
 
 
-@inference_trace.trap("the UNet input recorded before doubling the batch",
-                      hint="The UNet sees 2B samples: record model_input after torch.cat([latents, latents]).")
-def _(**kw):
-    return _traced(kw, unet_input_batch=1)
+def _trace_trap(name: str, hint: str):
+    """A trap on the trace: the right records of the same run (the pipeline called here, in the grader, on the
+    same components and generator), with the decorated function's mistake applied to them."""
+
+    def register(mistake):
+        @inference_trace.trap(name, hint=hint)
+        def _(**kw):
+            unet = kw["unet"].denoiser if isinstance(kw["unet"], TrajectoryProbe) else kw["unet"]
+            pipe = tiny.sd_pipeline(copy.deepcopy(kw["scheduler"]), unet, kw["vae"])
+            rec, out = _run(pipe, unet, kw["prompt_embeds"], kw["negative_prompt_embeds"], kw["height"],
+                            kw["width"], kw["num_inference_steps"], kw["guidance_scale"], kw["generator"], "pt")
+            records = _records(rec, out.images)
+            mistake(records, rec, out.images, kw)
+            return records
+
+        return mistake
+
+    return register
 
 
-@inference_trace.trap("the conditioning recorded as the prompt alone (B, L, D)",
-                      hint="The UNet attends to [negative; positive]: the conditioning boundary is (2B, L, D).")
-def _(**kw):
-    return _traced(kw, cond_batch=1)
+@_trace_trap("the UNet input recorded before doubling the batch",
+             hint="The UNet sees 2B samples: record model_input after torch.cat([latents, latents]).")
+def _(records, rec, images, kw):
+    first = rec["steps"][0].denoiser_input
+    records[2] = _record("unet input", first[: first.shape[0] // 2])
 
 
-@inference_trace.trap("the image upcast to float32 (a float16 pipeline stays float16 to the image)",
-                      hint="Nothing in the pipeline widens a float16 run: the decoder's output and the image after "
-                           "postprocessing stay in the latents' dtype (postprocess maps [−1, 1] to [0, 1] in the "
-                           "input's dtype; it does not cast).")
-def _(**kw):
-    return _traced(kw, image_dtype=torch.float32)
+@_trace_trap("the conditioning recorded as the prompt alone (B, L, D)",
+             hint="The UNet attends to [negative; positive]: the conditioning boundary is (2B, L, D).")
+def _(records, rec, images, kw):
+    records[0] = _record("conditioning", kw["prompt_embeds"])
 
 
-def _traced(kw, unet_input_batch=2, cond_batch=2, image_dtype=None):
-    """The right trace but for one boundary's batch: the shapes, written out (no generation needed)."""
-    B = kw["prompt_embeds"].shape[0]
-    dtype = kw["prompt_embeds"].dtype
-    f = 2 ** (len(kw["vae"].config.block_out_channels) - 1)
-    h, w = kw["height"] // f, kw["width"] // f
-    L, D = kw["prompt_embeds"].shape[1:]
-    C = kw["unet"].config.in_channels
+@_trace_trap("the image upcast to float32 (a float16 pipeline stays float16 to the image)",
+             hint="Nothing in the pipeline widens a float16 run: the decoder's output and the image after "
+                  "postprocessing stay in the latents' dtype (postprocess maps [−1, 1] to [0, 1] in the "
+                  "input's dtype; it does not cast).")
+def _(records, rec, images, kw):
+    records[7] = _record("image", images.float())
 
-    def b(name, shape):
-        return {"boundary": name, "shape": shape, "dtype": str(dtype), "device": "cpu"}
 
-    return [b("conditioning", (cond_batch * B, L, D)), b("initial latents", (B, C, h, w)),
-            b("unet input", (unet_input_batch * B, C, h, w)), b("unet output", (2 * B, C, h, w)),
-            b("guided noise", (B, C, h, w)), b("final latents", (B, C, h, w)),
-            b("decoded", (B, 3, kw["height"], kw["width"])),
-            dict(b("image", (B, 3, kw["height"], kw["width"])), dtype=str(image_dtype or dtype))]
+@_trace_trap("the UNet input recorded before scale_model_input (the UNet sees it scaled)",
+             hint="Record the tensor the UNet is called with: scheduler.scale_model_input(torch.cat([latents, "
+                  "latents]), t). For DDIM that is the same tensor; for Euler it is divided by √(σ² + 1).")
+def _(records, rec, images, kw):
+    records[2] = _record("unet input", torch.cat([rec["initial"], rec["initial"]]))
+
+
+@_trace_trap("the decoder's output recorded after postprocessing (it is in [−1, 1], the image in [0, 1])",
+             hint="The 'decoded' boundary is what the VAE decoder returns, before postprocess maps [−1, 1] to "
+                  "[0, 1]: its min is below 0.")
+def _(records, rec, images, kw):
+    records[6] = _record("decoded", images)
+
+
+@_trace_trap("the guided noise recorded before guidance (the UNet's conditional half)",
+             hint="Record what scheduler.step receives, ε_∅ + w·(ε_c − ε_∅), not the UNet's output for the prompt.")
+def _(records, rec, images, kw):
+    records[4] = _record("guided noise", rec["steps"][0].denoiser_output.chunk(2)[1])
+
+
+@_trace_trap("records without their values (boundary() from an older copy of this lab)",
+             hint="This lab's boundary() records each tensor's min, max and mean as well as its shape, dtype and "
+                  "device: copy the worked example from the lesson over your file's older one.")
+def _(records, rec, images, kw):
+    for record in records:
+        for key in ("min", "max", "mean"):
+            del record[key]

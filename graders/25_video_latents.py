@@ -125,6 +125,13 @@ def _(num_frames, temporal=4):
     return num_frames if num_frames % temporal == 1 else -(-(num_frames - 1) // temporal) * temporal + 1
 
 
+@video_num_frames.trap("rounded to the nearest t·k + 1 (the pipeline rounds down)",
+                       hint="WanPipeline's warning says 'nearest', but its code takes F // t · t + 1: 7 → 5 and "
+                            "15 → 13, not 9 and 17.")
+def _(num_frames, temporal=4):
+    return max(round((num_frames - 1) / temporal) * temporal + 1, 1)
+
+
 @video_num_frames.trap("rounded to a multiple of t (the + 1 forgotten)",
                        hint="The first frame is encoded alone: counts are t·k + 1 (9, 13, 17 …), not t·k.")
 def _(num_frames, temporal=4):

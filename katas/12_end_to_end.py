@@ -3,8 +3,8 @@
 Concept:
     A text-to-image call is a short program: load the components, prepare the conditions and the
     starting latents, run the denoising loop (scheduler + denoiser + guidance), decode the latents to
-    pixels. Tracing the state through it — its shape, dtype and device at every boundary — is how you
-    find where a pipeline wrapper hides work, memory or a dtype change.
+    pixels. Tracing the state through it — its shape, dtype, device and range at every boundary — is
+    how you find where a pipeline wrapper hides work, memory or a dtype change.
 
 Mental model:
     - load: the components exist (UNet, VAE, scheduler; the text encoder's output is given here).
@@ -44,8 +44,8 @@ Say it out loud:
     (B, 3, H, W) pixels in [−1, 1], mapped to [0, 1]."
 
 Graded against: a tiny StableDiffusionPipeline called with prompt_embeds and negative_prompt_embeds
-(output_type "latent" and "pt"), bit for bit, with DDIM (η 0 and 1) and Euler; and the shapes, dtypes
-and devices the pipeline's own UNet, scheduler and VAE see, recorded by hooks.
+(output_type "latent" and "pt"), bit for bit, with DDIM (η 0 and 1) and Euler; and the shapes, dtypes,
+devices and values (min, max, mean) the pipeline's own UNet, scheduler and VAE see, recorded by hooks.
 Run: python -m pytest katas/12_end_to_end.py
 """
 import importlib.util
@@ -75,8 +75,12 @@ components = earlier("07_pipeline_components")  # prepare_latents
 
 # ---- Worked example ----------------------------------------------------------------------------------
 def boundary(name: str, tensor: torch.Tensor) -> dict:
-    """One line of a trace: what crosses a boundary, as shape, dtype and device (no values)."""
-    return {"boundary": name, "shape": tuple(tensor.shape), "dtype": str(tensor.dtype), "device": str(tensor.device)}
+    """One line of a trace: what crosses a boundary, as shape, dtype and device, and its values in brief (the
+    smallest, the largest and the mean, in float32): enough to see the decoder's [−1, 1] become [0, 1], or a
+    tensor recorded before a step that changes it (the scaled UNet input, the guided noise)."""
+    values = tensor.detach().float()
+    return {"boundary": name, "shape": tuple(tensor.shape), "dtype": str(tensor.dtype), "device": str(tensor.device),
+            "min": float(values.min()), "max": float(values.max()), "mean": float(values.mean())}
 
 
 def step_kwargs(scheduler, generator, eta: float) -> dict:
@@ -164,8 +168,8 @@ def inference_trace(
         "final latents"  after the last step                    (B, 4, h, w)
         "decoded"        the VAE decoder's output               (B, 3, H, W)
         "image"          after postprocessing                   (B, 3, H, W)
-    Graded against: the shapes, dtypes and devices StableDiffusionPipeline's own UNet, scheduler and VAE
-    see in the same call (recorded by hooks), and the images.
+    Graded against: the shapes, dtypes, devices and values StableDiffusionPipeline's own UNet, scheduler and
+    VAE see in the same call (recorded by hooks), and the images.
     Returns: the list of 8 records.
     """
     # TODO: run the generation step by step, calling boundary(...) where each tensor crosses

@@ -191,7 +191,7 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
     ("ddpm_step", DDPM_HEAD.replace("if thresholding:", "if False:") + DDPM_MEAN + DDPM_NOISE,
      "thresholding ignored"),
     ("ddpm_step",  # 'fixed_large' as the std: β_t taken as σ_t, not σ_t²
-     DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = bt ** 2"), Fails("wrong", "values differ")),
+     DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = bt ** 2"), 'variance used where the std belongs'),
     # ---- dynamic_threshold
     ("dynamic_threshold", THRESHOLD.replace("x.reshape(x.shape[0], -1)", "x.reshape(1, -1)"),
      "one threshold for the whole batch"),

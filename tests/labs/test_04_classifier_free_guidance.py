@@ -38,7 +38,7 @@ MUTANTS = [
      "no guidance below s = 1"),
     ("guidance_combine",  # the average of the branches, scaled: no trap, still wrong
      "return guidance_scale * (noise_uncond + noise_text) / 2",
-     Fails("wrong", "values differ")),
+     'ε_u + s·ε_c − ε_u (parentheses missing'),
     ("rescale_guidance",
      """
      r = noise_cfg * (noise_text.std() / noise_cfg.std())

@@ -147,7 +147,7 @@ MUTANTS = [
          noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator)
      return (noise if latents is None else latents) * init_noise_sigma
      """,
-     Fails("wrong", "has dtype")),
+     'the noise drawn in float32 and cast to dtype'),
     ("prepare_latents",  # SD's 4 channels hard-coded: wrong for an SD3/Flux-style UNet (16) or any other
      """
      shape = (batch_size, 4, height // vae_scale_factor, width // vae_scale_factor)

@@ -66,7 +66,7 @@ MUTANTS = [
      body(ANGLES.replace("timesteps[:, None].float()", "timesteps[:, None]")
                 .replace("dtype=torch.float32", "dtype=timesteps.dtype if timesteps.is_floating_point() else None"),
           CAT, PAD),
-     Fails("wrong", "timesteps")),
+     'the timesteps not cast to float32'),
     ("patchify",
      """
      B, C, H, W = latents.shape

@@ -1,7 +1,41 @@
-"""Lab 12: wrong end-to-end loops fail with their trap named; a TODO in an earlier lab is named too."""
+"""Lab 12: wrong end-to-end loops and traces fail with their trap named; a TODO in an earlier lab is named too."""
 from expect import Fails
 
 LAB = "12_end_to_end"
+
+
+def trace_body(old_boundary=False, **swap):
+    """A body for inference_trace, the solution's, with one recorded tensor swapped (boundary name → expression)."""
+    record = {"unet input": "x", "unet output": "out", "guided noise": "guided", "decoded": "decoded",
+              "image": 'vae_lab.postprocess(decoded, "pt")', **swap}
+    helper = ("""
+        def boundary(name, tensor):  # the helper as lab 12 first shipped it: no values
+            return {"boundary": name, "shape": tuple(tensor.shape), "dtype": str(tensor.dtype),
+                    "device": str(tensor.device)}""" if old_boundary else "")
+    return helper + f"""
+        trace = []
+        scheduler.set_timesteps(num_inference_steps)
+        cond = torch.cat([negative_prompt_embeds, prompt_embeds])
+        trace.append(boundary("conditioning", cond))
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        trace.append(boundary("initial latents", latents))
+        extra = step_kwargs(scheduler, generator, 0.0)
+        for i, t in enumerate(scheduler.timesteps):
+            doubled = torch.cat([latents, latents])
+            x = scheduler.scale_model_input(doubled, t)
+            out = unet(x, t, encoder_hidden_states=cond).sample
+            guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
+            if i == 0:
+                trace += [boundary("unet input", {record["unet input"]}), boundary("unet output", {record["unet output"]}),
+                          boundary("guided noise", {record["guided noise"]})]
+            latents = scheduler.step(guided, t, latents, **extra).prev_sample
+        trace.append(boundary("final latents", latents))
+        decoded = vae_lab.decode_latents(vae, latents)
+        return trace + [boundary("decoded", {record["decoded"]}), boundary("image", {record["image"]})]
+    """
+
 
 MUTANTS = [
     ("denoise", """
@@ -98,6 +132,13 @@ MUTANTS = [
         decoded = vae_lab.decode_latents(vae, latents)
         return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded.float(), "pt"))]
      """, "the image upcast to float32"),  # the lesson's trace-dtypes trap: postprocessed in float32
+    # Lab 12's trace by value: a tensor of the right shape recorded at the wrong point of the step
+    ("inference_trace", trace_body(**{"unet input": "doubled"}), "the UNet input recorded before scale_model_input"),
+    ("inference_trace", trace_body(decoded='vae_lab.postprocess(decoded, "pt")'),
+     "the decoder's output recorded after postprocessing"),
+    ("inference_trace", trace_body(**{"guided noise": "out.chunk(2)[1]"}), "the guided noise recorded before guidance"),
+    ("inference_trace", trace_body(old_boundary=True), "records without their values"),
+    ("inference_trace", trace_body(**{"unet output": "x"}), Fails("wrong", "output[3] ('unet output')['min']")),
 ]
 
 

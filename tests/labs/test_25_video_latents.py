@@ -78,7 +78,7 @@ MUTANTS = [
                          "-(-(num_frames - 1) // temporal) * temporal + 1", "rounded up to the next t·k + 1"),
     ("video_num_frames", "return max(num_frames // temporal * temporal, 1)", "rounded to a multiple of t"),
     ("video_num_frames",  # the nearest 4k + 1, ties to even k (the pipeline's warning says "nearest"; 7 → 5, 15 → 13)
-     "return max(round((num_frames - 1) / temporal) * temporal + 1, 1)", Fails("wrong", "")),
+     "return max(round((num_frames - 1) / temporal) * temporal + 1, 1)", 'rounded to the nearest t·k + 1'),
     ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal, height // spatial, width // spatial)",
      "F // t latent frames"),
     ("latent_shape",  # height and width swapped

@@ -208,7 +208,8 @@ LESSON_TRAPS = {
         ("eta and generator not passed to scheduler.step", trap("eta and generator not passed to scheduler.step")),
         ("The trace's dtypes",
          trap("the image upcast to float32 (a float16 pipeline stays float16 to the image)",
-              "the decoder's [−1, 1] output returned without postprocessing")),
+              "the decoder's [−1, 1] output returned without postprocessing",
+              "the decoder's output recorded after postprocessing (it is in [−1, 1], the image in [0, 1])")),
     ],
     "13_flow_matching": [
         ("The shift formula is for σ ∈ [0, 1]", trap("shift applied to t instead of σ")),

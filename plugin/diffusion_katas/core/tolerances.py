@@ -67,6 +67,14 @@ MODEL_FORWARD = Tol(
 )
 
 
+TRACE_VALUES = Tol(
+    1e-4, 1e-3,
+    "a trace's values in brief (min, max, mean of each boundary's tensor) come from your own run, which may differ "
+    "from the pipeline's by rounding (a float16 guidance written in another order; the run itself is held to the "
+    "pipeline's step by step); a tensor recorded before or after the wrong step (unscaled, unguided, not yet "
+    "postprocessed) is off by ≥ 1e-2. Shapes, dtypes and devices are compared exactly",
+)
+
 TILE_BLEND = Tol(
     1e-5, 1e-5,
     "each tile goes through the same decoder, so only the blend can differ: weights built as a float32 "
@@ -113,6 +121,17 @@ REFERENCE_ERROR = ShadowRule(
     "diffusers' own, or closer, is right",
 )
 
+
+# Naming a mistake (pytest_plugin/collection.py, KataItem._explaining_trap). A trap explains a wrong output
+# when it matches it within the check's tolerance, or when the output is a near variant of it: at most
+# TRAP_NEAR of the way from the trap's output to the right answer (its distance to the trap's output over its
+# distance to the answer, over every number). A mistake computed another way or in another precision lands
+# within a few percent of the trap's; a different mistake lands about as far from the trap as from the
+# answer (a ratio near 1). The name must hold on the check's next TRAP_CONFIRM scenarios too (wherever the
+# learner is right there, the trap must be right; wherever wrong, the trap must explain it): a mistake that
+# coincides with another on one case (a hard-coded 16 where the case's factor happens to be 16) is not named.
+TRAP_NEAR = 0.25
+TRAP_CONFIRM = 4
 
 TIMESTEP_INDEX = Tol(0.0, 0.0, "DDIM/DDPM timesteps are int64 indices into the training schedule: "
                                "off by one is another noise level")

@@ -80,7 +80,10 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
                     both = f": expected {theirs}, got {mine}"
             return f"{where} should have {n} item{'' if n == 1 else 's'}, got {len(actual)}{both}"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            problem = mismatch(a, e, tol, f"{where}[{i}]", _part(exact, i, (tuple, list)), rule)
+            # a record that names itself (a trace's {"boundary": ...}, a schedule's {"name": ...}) is named too
+            label = next((e[k] for k in ("boundary", "name") if isinstance(e, dict) and isinstance(e.get(k), str)), "")
+            problem = mismatch(a, e, tol, f"{where}[{i}]" + (f" ({label!r})" if label else ""),
+                               _part(exact, i, (tuple, list)), rule)
             if problem:
                 return problem
         return None
@@ -313,6 +316,20 @@ def _leaves(value: Any) -> list:
     return [value]
 
 
+def _numbers(value: Any) -> list:
+    """_leaves, with numpy arrays as tensors (so leaves compare as numbers, never by an array's truth value)."""
+    import torch
+
+    leaves = _leaves(value)
+    for i, leaf in enumerate(leaves):
+        if type(leaf).__module__ == "numpy" and hasattr(leaf, "shape"):
+            try:
+                leaves[i] = torch.from_numpy(leaf.copy())
+            except (TypeError, ValueError):
+                pass  # an array of objects: compared as it is
+    return leaves
+
+
 def has_finite(value: Any) -> bool:
     """Whether an output holds at least one finite number. One with none (all NaN, say) matches every trap
     whose output is as broken: naming a misconception on it would be a guess, so no trap is named."""
@@ -336,7 +353,7 @@ def distance(actual: Any, candidate: Any) -> float:
     (inf where they differ in structure). Where several traps match, the nearest explains the output best."""
     import torch
 
-    mine, theirs = _leaves(actual), _leaves(candidate)
+    mine, theirs = _numbers(actual), _numbers(candidate)
     if len(mine) != len(theirs):
         return math.inf
     worst = 0.0
@@ -353,6 +370,56 @@ def distance(actual: Any, candidate: Any) -> float:
                 worst = max(worst, float(torch.nan_to_num(d, nan=math.inf).max()))
         elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
             worst = max(worst, 0.0 if a == b or (a != a and b != b) else abs(a - b) if math.isfinite(a - b) else math.inf)
-        elif a != b:
-            return math.inf
+        else:
+            try:
+                if bool(a != b):
+                    return math.inf
+            except Exception:  # noqa: BLE001  (leaves that cannot be compared are not the same)
+                return math.inf
     return worst
+
+
+def closeness(actual: Any, candidate: Any, expected: Any) -> float:
+    """How near the learner's output is to a trap's: the root of the summed squared differences to the trap's
+    output, over the smallest of those from the learner's output to the right answer, from the trap's output to
+    the right answer, and of the trap's output itself (every number; inf where the structure, or anything that is
+    not a float, differs from the trap's). 0 is the trap's output exactly; a small value (core.tolerances.
+    TRAP_NEAR) is a near variant of the trap's mistake, computed another way or in another precision. Measured
+    against the smallest of the three, an answer far from everything (x̂₀ at t = 999) makes nothing near."""
+    import torch
+
+    mine, theirs, right = _numbers(actual), _numbers(candidate), _numbers(expected)
+    if not len(mine) == len(theirs) == len(right):
+        return math.inf
+    sums = {"to trap": 0.0, "to answer": 0.0, "trap to answer": 0.0, "trap": 0.0}
+
+    def add(key: str, x, y) -> None:  # Σ (x − y)² in float64, NaN against NaN counting as equal
+        d = x - y
+        d = torch.where((x == y) | (x.isnan() & y.isnan()), torch.zeros_like(d), d)
+        sums[key] += float(torch.nan_to_num(d, nan=math.inf, posinf=math.inf, neginf=math.inf).pow(2).sum())
+
+    for a, b, c in zip(mine, theirs, right):
+        if all(isinstance(v, float) for v in (a, b, c)):
+            a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (a, b, c))
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(c, torch.Tensor) \
+                and a.is_floating_point() and b.is_floating_point() and c.is_floating_point():
+            if not a.shape == b.shape == c.shape:
+                return math.inf
+            x, y, z = (t.detach().to("cpu", torch.float64) for t in (a, b, c))
+            add("to trap", x, y)
+            add("to answer", x, z)
+            add("trap to answer", y, z)
+            add("trap", y, torch.zeros_like(y))
+            continue
+        try:
+            same = torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else bool(a == b)
+        except Exception:  # noqa: BLE001  (an odd leaf never breaks grading: no explanation)
+            same = False
+        if not same:
+            return math.inf
+    if sums["to trap"] == 0.0:
+        return 0.0
+    scale = min(sums["to answer"], sums["trap to answer"], sums["trap"])
+    if not math.isfinite(sums["to trap"]) or scale == 0.0:
+        return math.inf
+    return math.sqrt(sums["to trap"] / scale) if math.isfinite(scale) else 0.0

@@ -306,17 +306,46 @@ class KataItem(pytest.Item):
         """Every case of `check` through the learner's function, against the reference."""
         import torch
 
-        from diffusion_katas.engine import builds
         from diffusion_katas.engine.comparison import mismatch
-        from diffusion_katas.engine.helpers import fresh_rng_state
-        from diffusion_katas.core.tolerances import for_dtype, output_dtype
 
-        session = self.config.stash[state.SESSION]
         runner = getattr(self, "runner", None)
         if runner is not None and fn in runner.open_reply.get("stubs", ()):
             # untouched (it only raises NotImplementedError, as the runner read its code): TODO, and nothing
             # is built for it (lab 12's references cost seconds a case)
             raise KataTodo(self.kata.name, "")
+        scenarios = self._scenarios(check)
+        passed = []  # the scenarios the learner's function got right, for naming a mistake it makes later
+        for scenario, tol, rng in scenarios:
+            out = self.call_learner(fn, scenario.inputs, rng=rng, observe=scenario.observe)
+            if scenario.verify is not None:
+                own = torch.random.get_rng_state()
+                # verify sees the global RNG as the call left it (where the reference drew from it)
+                torch.random.set_rng_state(self.last_rng_after if self.last_rng_after is not None else rng)
+                try:
+                    if scenario.observe:
+                        scenario.verify(out, self.last_observed)
+                    else:
+                        scenario.verify(out)
+                except KataFailure as exc:
+                    raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
+                finally:
+                    torch.random.set_rng_state(own)
+            problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
+            if problem:
+                raise KataFailure(self._failure(problem, scenario, out, tol, rng, fn, passed, scenarios))
+            self._check_generators(scenario)
+            passed.append((scenario, tol, rng, self.last_context.splitlines()[0]))
+
+    def _scenarios(self, check: Check):
+        """Every scenario of `check`, case by case: (scenario, its tolerance, the global RNG state the learner's
+        call starts from, which traps replay: the scenario's, else fresh entropy). `last_context` follows along."""
+        import torch
+
+        from diffusion_katas.engine import builds
+        from diffusion_katas.engine.helpers import fresh_rng_state
+        from diffusion_katas.core.tolerances import for_dtype, output_dtype
+
+        session = self.config.stash[state.SESSION]
         seed = self.seed(check.name)
         # Models and adapters built inside a check draw from the global RNG; inputs from `g`. Distinct
         # seeds: a learner who forgets `generator=` must not redraw the grader's own inputs by luck.
@@ -328,30 +357,10 @@ class KataItem(pytest.Item):
                 built = builds.build(self.lab, check, number, case, g)
             else:
                 built = check.build(case, g)
-            scenarios = [built] if isinstance(built, Scenario) else list(built)
-            for scenario in scenarios:
+            for scenario in [built] if isinstance(built, Scenario) else list(built):
                 self.last_context = self._context(check, number, total, case, scenario)
-                # the global RNG state the call starts from (traps replay the learner's call from it)
                 rng = scenario.global_rng if scenario.global_rng is not None else fresh_rng_state()
-                out = self.call_learner(fn, scenario.inputs, rng=rng, observe=scenario.observe)
-                if scenario.verify is not None:
-                    own = torch.random.get_rng_state()
-                    # verify sees the global RNG as the call left it (where the reference drew from it)
-                    torch.random.set_rng_state(self.last_rng_after if self.last_rng_after is not None else rng)
-                    try:
-                        if scenario.observe:
-                            scenario.verify(out, self.last_observed)
-                        else:
-                            scenario.verify(out)
-                    except KataFailure as exc:
-                        raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
-                    finally:
-                        torch.random.set_rng_state(own)
-                tol = for_dtype(check.tol, output_dtype(scenario.expected))
-                problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
-                if problem:
-                    raise KataFailure(self._failure(problem, scenario, out, tol, rng))
-                self._check_generators(scenario)
+                yield scenario, for_dtype(check.tol, output_dtype(scenario.expected)), rng
 
     def _generators_off(self, scenario: Scenario) -> list[str]:
         """The generators the learner's call left in another state than the reference leaves them (other draws)."""
@@ -391,44 +400,175 @@ class KataItem(pytest.Item):
         inputs = ", ".join(f"{k}={describe(v)}" for k, v in scenario.inputs.items())
         return " ".join(parts) + f"\n  inputs: {inputs}"
 
-    def _failure(self, problem: str, scenario: Scenario, out: Any, tol, rng=None) -> str:
-        import torch
-
-        from diffusion_katas.engine.comparison import distance, has_finite, matches
-        from diffusion_katas.engine.isolation import fresh
-
+    def _failure(self, problem: str, scenario: Scenario, out: Any, tol, rng=None, fn: str = "", before=(),
+                 later=()) -> str:
         lines = [self.last_context, f"  {problem}"]
-        best = None  # (distance, order, trap): the trap whose output is nearest the learner's explains it best
-        finite = has_finite(out)
-        own = torch.random.get_rng_state()
-        for order, trap in enumerate(t for t in self.kata.traps if finite or t.nonfinite):
-            if rng is not None:  # a trap that draws from the global RNG (no `generator=`) draws what the learner drew
-                torch.random.set_rng_state(rng)
-            try:
-                wrong = trap.fn(**fresh(scenario.inputs))
-            except Exception:
-                continue
-            finally:
-                torch.random.set_rng_state(own)
-            if matches(out, wrong, tol) and not matches(scenario.expected, wrong, tol):
-                near = distance(out, wrong)
-                if best is None or near < best[0]:
-                    best = (near, order, trap)
-                if near == 0:
-                    break
-        if best is not None:
-            lines.append(f"  trap: {best[2].name}\n    {best[2].hint}")
-        for name in self._generators_off(scenario):  # wrong values AND other draws: the draws may be the cause
-            lines.append(f"  also: `{name}` was left in a different state than diffusers leaves it: your code drew "
-                         "a different amount of noise from it (more, fewer, or none where diffusers draws), which "
-                         "alone changes every value drawn after it")
+        also = [f"  also: `{name}` was left in a different state than diffusers leaves it: your code drew a different "
+                "amount of noise from it (more, fewer, or none where diffusers draws), which alone changes every "
+                "value drawn after it" for name in self._generators_off(scenario)]
+        # wrong values AND other draws: the draws may be the cause (read before the trap's confirming calls)
         if scenario.on_mismatch is not None:
             session = self.config.stash[state.SESSION]
             try:
-                lines.append("  " + scenario.on_mismatch(out, session.root / ".kata" / "diffs"))
+                also.append("  " + scenario.on_mismatch(out, session.root / ".kata" / "diffs"))
             except Exception as exc:  # an artefact or a diagnosis must never hide the verdict
-                lines.append(f"  (the extra diagnosis failed: {type(exc).__name__}: {exc})")
-        return "\n".join(lines)
+                also.append(f"  (the extra diagnosis failed: {type(exc).__name__}: {exc})")
+        try:
+            named = self._explaining_trap(scenario, out, tol, rng, fn, before, later)
+        except Exception:  # noqa: BLE001  (naming a mistake is advice: it never hides the verdict)
+            named = None
+        if named is not None:
+            trap, near, missed = named
+            lines.append(f"  trap: {trap.name}\n    {trap.hint}")
+            if near:
+                lines.append(f"    (your output is a near variant of this mistake's: {near:.0%} of the way from its "
+                             "output to the right answer)")
+            if missed is not None:
+                where, right = missed
+                what = "right" if right else "wrong in another way"
+                lines.append(f"    (it explains this case; on {where.split(' · ', 1)[-1]} your output is {what}, where "
+                             "this mistake would show: look for it in what this case does differently)")
+        return "\n".join(lines + also)
+
+    def _trap_outputs(self, scenario: Scenario, traps, rng) -> list:
+        """Each trap's output on the scenario's inputs (_RAISED where it raises), from the global RNG state the
+        learner's call started from (a trap without `generator=` draws what the learner drew)."""
+        import torch
+
+        from diffusion_katas.engine.isolation import fresh
+
+        outputs = []
+        own = torch.random.get_rng_state()
+        for trap in traps:
+            if rng is not None:
+                torch.random.set_rng_state(rng)
+            try:
+                outputs.append(trap.fn(**fresh(scenario.inputs)))
+            except Exception:  # noqa: BLE001  (a trap that cannot run here explains nothing)
+                outputs.append(_RAISED)
+            finally:
+                torch.random.set_rng_state(own)
+        return outputs
+
+    @staticmethod
+    def _explains(out, wrong, expected, tol) -> float | None:
+        """How well a trap's output `wrong` explains the learner's wrong `out`: 0.0 within tolerance, else its
+        closeness (comparison.closeness) where at most TRAP_NEAR; None where it does not explain it, or where the
+        trap's output is itself right (a trap that does not show on these inputs names nothing)."""
+        from diffusion_katas.core.tolerances import TRAP_NEAR
+        from diffusion_katas.engine.comparison import closeness, matches
+
+        if wrong is _RAISED or matches(expected, wrong, tol):
+            return None
+        if matches(out, wrong, tol):
+            return 0.0
+        near = closeness(out, wrong, expected)
+        return near if near <= TRAP_NEAR else None
+
+    def _explaining_trap(self, scenario: Scenario, out, tol, rng, fn: str, before, later):
+        """The declared mistake that explains the learner's output, as (trap, closeness, first scenario where it
+        does not), or None.
+
+        A trap explains a scenario's output where it matches it within tolerance, or the output is a near variant
+        of it (core.tolerances.TRAP_NEAR). The candidates are then tried on the scenarios the learner got
+        right before (a mistake that shows there is not the learner's) and on the check's next TRAP_CONFIRM
+        scenarios, the learner's function called on each: a candidate holds on a scenario where it explains the
+        learner's output there, or where both are right. One that the learner's wrong outputs contradict as
+        often as they agree with it is dropped; of the rest, the one contradicted least is named, the nearest
+        among equals; where two explain every scenario tried alike (the same outputs), neither is: naming one
+        would be a guess. A named trap that did not hold somewhere says where: the mistake may be in one
+        branch of the learner's code, or another mistake that coincides with it on this case.
+        After a failing function the learner's code calls ("fix X first"), nothing is named: the output is X's."""
+        from diffusion_katas.core.tolerances import TRAP_CONFIRM
+        from diffusion_katas.engine.comparison import distance, has_finite, matches, mismatch
+
+        if self.failing_dependencies():
+            return None
+        finite = has_finite(out)
+        traps = [t for t in self.kata.traps if finite or t.nonfinite]
+        wrongs = self._trap_outputs(scenario, traps, rng)
+        scores = {i: self._explains(out, w, scenario.expected, tol) for i, w in enumerate(wrongs)}
+        alive = [i for i, sc in scores.items() if sc is not None]
+        if not alive:
+            return None
+        seen = [{i: wrongs[i] for i in alive}]  # the candidates' outputs on every scenario tried
+        worst = {i: scores[i] for i in alive}  # a candidate's largest closeness where it explained the output
+        missed = {i: [] for i in alive}  # the scenarios where it did not hold: (context line, learner right there)
+        explained = {i: 1 for i in alive}  # the learner's wrong outputs it explains
+        for earlier, earlier_tol, earlier_rng, where in before:  # the learner was right there
+            theirs = dict(zip(alive, self._trap_outputs(earlier, [traps[i] for i in alive], earlier_rng)))
+            for i, w in theirs.items():
+                if w is _RAISED or not matches(earlier.expected, w, earlier_tol):
+                    missed[i].append((where, True))
+            seen.append(theirs)
+        saved = (self.last_context, getattr(self, "last_called", []), getattr(self, "last_generators", {}),
+                 self.last_rng_after, self.last_observed)
+        try:
+            for _, (other, other_tol, other_rng) in zip(range(TRAP_CONFIRM), later):
+                try:
+                    mine = self.call_learner(fn, other.inputs, rng=other_rng, observe=other.observe)
+                except Exception:  # noqa: BLE001  (a crash or timeout further on: judged on what was seen)
+                    break
+                theirs = dict(zip(alive, self._trap_outputs(other, [traps[i] for i in alive], other_rng)))
+                right = mismatch(mine, other.expected, other_tol, exact=other.exact) is None
+                for i, w in theirs.items():
+                    if right:  # the learner is right here: the mistake holds if it does not show here either
+                        holds = w is not _RAISED and matches(other.expected, w, other_tol)
+                    else:
+                        sc = self._explains(mine, w, other.expected, other_tol)
+                        holds = sc is not None
+                        worst[i] = max(worst[i], sc) if holds else worst[i]
+                        explained[i] += holds
+                    if not holds:
+                        missed[i].append((self.last_context.splitlines()[0], right))
+                seen.append(theirs)
+        finally:
+            (self.last_context, self.last_called, self.last_generators, self.last_rng_after,
+             self.last_observed) = saved
+        # A candidate the learner's wrong outputs contradict as often as they agree with it is not theirs (a
+        # hard-coded 16 where this case's factor happens to be 16); one contradicted only where the learner is
+        # right may be a mistake in one branch of their code, and is named, saying where.
+        alive = [i for i in alive if sum(not right for _, right in missed[i]) < explained[i]]
+        if not alive:
+            return None
+        alive.sort(key=lambda i: (sum(not right for _, right in missed[i]), len(missed[i]), worst[i],
+                                  distance(out, wrongs[i]), i))
+        tied = [i for i in alive if missed[i] == missed[alive[0]] and worst[i] == worst[alive[0]]
+                and all(distance(outputs[alive[0]], outputs[i]) == 0 for outputs in seen)]
+        if len(tied) > 1:  # one output, several names: the function's other checks it passed may tell them apart
+            shows = self._shows_where_passed([traps[i] for i in tied])
+            tied = [i for i, show in zip(tied, shows) if not show]
+            if len(tied) != 1:
+                return None  # a guess either way
+            alive = tied
+        best = alive[0]
+        return traps[best], worst[best], (missed[best][0] if missed[best] else None)
+
+    def _shows_where_passed(self, traps) -> list[bool]:
+        """For each trap, whether its mistake shows in another check of this function that the learner's code
+        passed in this run (so it is not the learner's mistake). Those checks' scenarios are rebuilt as graded."""
+        import torch
+
+        from diffusion_katas.engine.comparison import matches
+
+        session = self.config.stash[state.SESSION]
+        passed = {r.check for r in session.results if r.lab == self.lab and r.function == self.kata.name
+                  and r.status == Status.PASSED and not r.hidden}
+        shows = [False] * len(traps)
+        own, context = torch.random.get_rng_state(), self.last_context
+        try:
+            for check in self.kata.checks:
+                if check is self.check or check.name not in passed:
+                    continue
+                for scenario, tol, rng in self._scenarios(check):
+                    for i, w in enumerate(self._trap_outputs(scenario, traps, rng)):
+                        shows[i] = shows[i] or w is _RAISED or not matches(scenario.expected, w, tol)
+        except Exception:  # noqa: BLE001  (evidence only: a check that cannot be rebuilt here tells nothing)
+            pass
+        finally:
+            torch.random.set_rng_state(own)
+            self.last_context = context
+        return shows
 
     def failing_dependencies(self) -> list[str]:
         """Other kata functions the learner's call ran that have already failed their own checks in this run
@@ -552,6 +692,9 @@ class Learner:
 
     def measure(self, meter, **inputs):
         return self._item.call_learner(self._fn, inputs, meter)
+
+
+_RAISED = object()  # a trap's output where it raised: it explains nothing
 
 
 def _how(how: str) -> str:
