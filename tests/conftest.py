@@ -26,12 +26,32 @@ from diffusion_katas.engine import runner  # noqa: F401
 budgets.peak_bytes(lambda: torch.ones(1) + 1)
 budgets.flops(lambda: torch.ones(1, 1) @ torch.ones(1, 1))
 
+# The grader is a pytest plugin that loads through its entry point (`diffusion_katas`) once the project is
+# installed; these tests drive it with pytester. (tests/ is their rootdir: tests/pytest.ini.)
+pytest_plugins = ["pytester"]
+
 REPO = Path(__file__).resolve().parent.parent
 # No run of these tests hands its grading to a course's warm grader or starts one (core/warm.py): each grades in
 # its own process, as the test says. tests/test_warm_grader.py turns it back on for what it tests.
 os.environ["KATA_NO_WARM"] = "1"
 # Labs whose kata file loads the learner's own earlier kata files (they sit beside it).
 BUILDS_ON = {"12_end_to_end": ("04_classifier_free_guidance", "06_vae_latents", "07_pipeline_components")}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most 4 (each holds torch, diffusers and a warm parent for runners)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+# The modules whose tests take tens of seconds each (real kernels, fresh venvs, whole classes, warm graders): run
+# first, so that the end of a parallel run is the many short lab tests spread over every worker, not one long test.
+SLOW_FIRST = ("test_notebooks.py", "test_instructor_cli.py", "test_warm_grader.py", "test_see_command.py",
+              "test_course.py", "test_learner_loop.py", "test_package.py", "test_learner_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order kept
 
 
 @pytest.fixture(scope="session")

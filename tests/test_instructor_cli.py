@@ -364,8 +364,7 @@ def course_copy(root: Path) -> Path:
     """A course of its own (graders and pyproject), so that an attack on a grader never reaches the repo's."""
     course = root / "course"
     course.mkdir()
-    for name in ("pyproject.toml", "conftest.py"):
-        shutil.copyfile(REPO / name, course / name)
+    shutil.copyfile(REPO / "pyproject.toml", course / "pyproject.toml")
     for folder in ("graders", "katas", "solutions"):
         shutil.copytree(REPO / folder, course / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return course
@@ -453,7 +452,7 @@ def test_the_bundle_ships_the_project_and_pinned_setup_but_no_solutions(bundle):
         setup = z.read("setup.sh").decode()
         run = z.read("run_autograder").decode()
         assert (z.getinfo("run_autograder").external_attr >> 16) & 0o111
-    assert {"setup.sh", "run_autograder", "project/pyproject.toml", "project/conftest.py",
+    assert {"setup.sh", "run_autograder", "project/pyproject.toml",
             "project/plugin/diffusion_katas/pytest_plugin/plugin.py", "project/graders/01_forward_noise.py",
             "project/graders/02_denoising_step.py", "project/autograder.json"} <= names
     assert not any(n.startswith("project/solutions/") or "__pycache__" in n for n in names)

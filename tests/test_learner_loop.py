@@ -343,7 +343,7 @@ def test_the_readme_shows_the_default_and_the_cpu_only_install_lines_with_the_au
     commands = [line for line in first_block if line and not line.startswith("#")]
     assert commands == ["python3 -m venv .venv && . .venv/bin/activate",  # in a venv of its own, first
                         "python -m pip install -e . && python -m pytest katas",
-                        'python -m pip install -e ".[notebook]" && python -m pytest tests']
+                        'python -m pip install -e ".[test]" && python -m pytest tests']
     lines = [line for line in readme.splitlines() if line.startswith("python -m pip install")]
     assert any(line.startswith(f"python -m pip install --extra-index-url {TORCH_CPU_INDEX} -e .") for line in lines)
     # what CI runs is README command B, in a fresh venv

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the warm grader
 def environment(**extra) -> dict:
     """A learner's shell: no KATA_* or PYTEST_* settings (this suite's own KATA_NO_WARM left out)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KATA_", "PYTEST_"))}
-    env.update(PYTHONUNBUFFERED="1", KATA_WARM_IDLE="30", **extra)  # a grader a test left behind ends soon
+    # a grader a test left behind ends soon (the course fixture ends them too), but not while a test's cold runs go
+    # on around it: four cold runs on a loaded 2-core machine took over 30 s
+    env.update(PYTHONUNBUFFERED="1", KATA_WARM_IDLE="180", **extra)
     return env
 
 
@@ -126,6 +128,25 @@ def test_a_stale_grader_is_never_used_and_the_opt_outs_grade_cold(course):
     assert done.returncode == 1 and "FAILED" in done.stdout
 
 
+def test_a_course_deeper_than_a_socket_address_allows_still_gets_its_warm_grader(course, tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "course"
+    shutil.copytree(course, deep)
+    assert len(str(warm.socket_path(deep)).encode()) > 108  # a Unix socket's address is at most 108 bytes
+    try:
+        first = pytest_run(deep, "-q")
+        started(deep)
+        before = log(deep)
+        again = pytest_run(deep, "-q")
+        assert graded_here(deep, before), log(deep)
+        assert again.returncode == first.returncode == 1 and "FAILED" in again.stdout  # (a hint tier further on)
+    finally:
+        for pid in re.findall(r"\(pid (\d+)\)", log(deep)):
+            try:
+                os.killpg(int(pid), signal.SIGTERM)
+            except OSError:
+                pass
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 def test_another_users_grader_is_not_used_and_the_grader_answers_no_other_user(course):
     pytest_run(course, "-q")
@@ -163,7 +184,8 @@ def ask_as_nobody(path: Path, course: Path) -> bytes:
             os.setgid(65534)
             os.setuid(65534)
             s = socket.socket(socket.AF_UNIX)
-            s.connect(str(path))
+            with warm.address(path) as where:
+                s.connect(where)
             request = {"v": 1, "args": ["katas"], "cwd": str(course), "stamp": "", "env": {}}
             socket.send_fds(s, [json.dumps(request).encode()], [1, 2])
             os.write(write, s.makefile("rb").readline())

@@ -128,3 +128,11 @@ def test_last_failed_regrades_only_the_checks_that_did_not_pass_and_forgets_a_ch
     toy.kata(double="return x * 2", normalize="return x / x.norm()")
     assert toy.run("katas", "-p", "cacheprovider", "--lf").parseoutcomes() == {"passed": 1, "todo": 1}
     assert toy.run("katas", "-p", "cacheprovider", "--lf").parseoutcomes() == {"todo": 1}
+
+
+def test_xdist_is_refused_on_kata_files_and_left_alone_on_other_tests_in_a_course(toy):
+    refused = toy.run("katas", "-n", "1")
+    assert refused.ret == 4 and "-n (pytest-xdist) is not supported" in refused.stderr.str()
+    toy.pytester.makepyfile(test_other="def test_it():\n    assert True\n")  # a course's own tests, beside katas/
+    ran = toy.run("test_other.py", "-n", "1")
+    assert ran.ret == 0, ran.stdout.str() + ran.stderr.str()

@@ -101,7 +101,8 @@ def serve(root: Path) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)
     try:
-        listener.bind(str(path))
+        with warm.address(path) as where_to:
+            listener.bind(where_to)
     finally:
         os.umask(old_mask)
     listener.listen(8)

@@ -17,6 +17,7 @@ exactly as they would have (pytest_plugin/warm.py). This module is what both sid
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -47,6 +48,22 @@ def key() -> str:
 
 def socket_path(root: Path) -> Path:
     return folder(root) / f"{key()}.sock"
+
+
+@contextlib.contextmanager
+def address(path: Path):
+    """The socket's address to bind or connect to: its path, or, where that is longer than a Unix socket's
+    address may be (108 bytes: a course in a deep folder), the same file reached through a descriptor of its
+    folder (/proc/self/fd/N/name), which the kernel resolves like the path itself (permissions included)."""
+    text = str(path)
+    if len(text.encode()) < 100:
+        yield text
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 def lock_path(root: Path) -> Path:

@@ -124,7 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
                     graders=root / config.getini("kata_graders_dir"))
     if not course.has_graders:
         return  # not a course: no header, no session, no items
-    if getattr(config.option, "numprocesses", None):
+    # the project's own tests, run from a course's root with xdist, grade nothing themselves
+    if getattr(config.option, "numprocesses", None) and _grades_katas(config, (course.katas, course.solutions)):
         raise pytest.UsageError("diffusion katas: -n (pytest-xdist) is not supported: every check already runs the "
                                 "learner's code in a process of its own, and the progress table, --kata-json and "
                                 "--gradescope need one grading process. Run without -n.")
@@ -165,7 +166,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Undone last (cleanups run newest first, and ours is older than pytest's unraisable-exception cleanup,
     # whose five gc.collect() calls walked torch's and diffusers' whole heap: 1.3 s of a 1.9 s warm grading).
     config.add_cleanup(gc.unfreeze)
-    if _grades_katas(config, session):
+    if _grades_katas(config, (session.kata_dir, session.solutions_dir)):
         from diffusion_katas.engine import sandbox
         from diffusion_katas.engine.runner import Zygote
 
@@ -174,10 +175,10 @@ def pytest_configure(config: pytest.Config) -> None:
         Zygote.shared()
 
 
-def _grades_katas(config: pytest.Config, session: state.KataSession) -> bool:
-    """Whether this run will grade kata files (so a warm parent for runners is worth starting early)."""
+def _grades_katas(config: pytest.Config, folders) -> bool:
+    """Whether this run's paths reach kata files (in `folders`, or a folder holding them)."""
     args = [a.split("::")[0] for a in config.args] or list(config.getini("testpaths")) or ["."]
-    folders = (session.kata_dir, session.solutions_dir)
+    folders = [Path(f).resolve() for f in folders]
     for arg in args:
         path = (config.invocation_params.dir / arg).resolve()
         if any(path == f or f in path.parents or path in f.parents for f in folders):

@@ -49,7 +49,8 @@ def hand_over(config: pytest.Config) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(2.0)
-        sock.connect(str(path))
+        with warm.address(path) as where_to:
+            sock.connect(where_to)
         sys.stdout.flush()
         sys.stderr.flush()
         socket.send_fds(sock, [json.dumps(request).encode()], [sys.stdout.fileno(), sys.stderr.fileno()])
