@@ -113,6 +113,9 @@ def _(case, g):
 
 @initial_noise.check("vs randn_tensor, more shapes",
                      cases=[dict(batch=4, channels=4, size=8, dtype="float16"),
+                            # float16 with B·C·H·W = 225, not a multiple of 16: torch's CPU sampler then fills
+                            # a float16 tensor with other numbers than a float32 draw cast to float16
+                            dict(batch=3, channels=3, size=5, dtype="float16"),
                             dict(batch=3, channels=1, size=5, dtype="float32"),
                             dict(batch=1, channels=3, size=32, dtype="float32")],
                      tol=EXACT)
@@ -134,6 +137,14 @@ def _(case, g):
 def _(batch_size, channels, size, generator, dtype):
     return torch.cat([torch.randn((1, channels, size, size), generator=generator, dtype=dtype)
                       for _ in range(batch_size)])
+
+
+@initial_noise.trap("drawn in float32, then cast to dtype",
+                    hint="randn_tensor draws in the requested dtype: torch.randn(shape, generator=generator, "
+                         "dtype=dtype). A float32 draw cast to float16 is other noise: torch's CPU sampler fills a "
+                         "float16 tensor differently unless its size is a multiple of 16 (values apart by ~4).")
+def _(batch_size, channels, size, generator, dtype):
+    return torch.randn((batch_size, channels, size, size), generator=generator).to(dtype)
 
 
 @initial_noise.trap("uniform noise (torch.rand) instead of Gaussian",
@@ -290,7 +301,10 @@ def _(case, g):
 
 @generate.check("vs DDIMPipeline images, end to end",
                 cases=[dict(batch=3, steps=6, eta=1.0, size=8, dtype="float16",
-                             scheduler=dict(timestep_spacing="trailing"))],
+                             scheduler=dict(timestep_spacing="trailing")),
+                       # B·C·H·W = 600, not a multiple of 16: the noise drawn per image, or in float32 and cast,
+                       # is other noise (in the case above, 576 values, it is the same)
+                       dict(batch=2, steps=3, eta=0.0, size=10, dtype="float16")],
                 tol=EXACT)
 def _(case, g):
     return _loop_scenario("ddim", case, g, whole_pipeline=True)

@@ -296,6 +296,15 @@ def _(mu, sigmas, time_shift_type="exponential"):
     return _shifted(math.exp(mu), sigmas)
 
 
+@time_shift.trap("the two types swapped (μ for 'exponential', e^μ for 'linear')",
+                 hint="'exponential' shifts by e^μ, 'linear' by μ itself: σ' = s / (s + (1/σ − 1)) with "
+                      "s = e^μ or s = μ.")
+def _(mu, sigmas, time_shift_type="exponential"):
+    import math
+
+    return _shifted(mu if time_shift_type == "exponential" else math.exp(mu), sigmas)
+
+
 @time_shift.trap("shifted the wrong way (1/s: towards clean)",
                  hint="A positive shift moves σ towards 1 (noise): σ' = s / (s + (1/σ − 1)), not 1 / (1 + s·(1/σ − 1)).")
 def _(mu, sigmas, time_shift_type="exponential"):

@@ -180,9 +180,10 @@ def _(case, g):
                                                                for r, _, _ in picked))
 
 
-def _split(noise_pred, layout, guidance_scales, *, swap=False, pairs=False):
+def _split(noise_pred, layout, guidance_scales, *, swap=False, pairs=False, first_scale=False, from_text=False):
     out = []
     for i, ((a, b), s) in enumerate(zip(layout, guidance_scales)):
+        s = guidance_scales[0] if first_scale else s
         if pairs:
             a, b = 2 * i, 2 * i + (2 if b - a == 2 else 1)
         rows = noise_pred[a:b]
@@ -190,7 +191,7 @@ def _split(noise_pred, layout, guidance_scales, *, swap=False, pairs=False):
             u, c = rows.chunk(2)
             if swap:
                 u, c = c, u
-            rows = u + s * (c - u)
+            rows = (c if from_text else u) + s * (c - u)
         out.append(rows)
     return out
 
@@ -207,6 +208,20 @@ def _(noise_pred, layout, guidance_scales):
                         "Read each request's rows from layout[i].")
 def _(noise_pred, layout, guidance_scales):
     return _split(noise_pred, layout, guidance_scales, pairs=True)
+
+
+@split_guided.trap("the first request's guidance scale for every request",
+                   hint="Each request keeps its own guidance scale: combine entry i's rows with "
+                        "guidance_scales[i].")
+def _(noise_pred, layout, guidance_scales):
+    return _split(noise_pred, layout, guidance_scales, first_scale=True)
+
+
+@split_guided.trap("guided from the text prediction: ε_c + s(ε_c − ε_u)",
+                   hint="Guidance starts from the unconditional prediction and moves s times the difference: "
+                        "ε_u + s(ε_c − ε_u) (at s = 1 it is ε_c, not 2ε_c − ε_u).")
+def _(noise_pred, layout, guidance_scales):
+    return _split(noise_pred, layout, guidance_scales, from_text=True)
 
 
 # ---- serve -------------------------------------------------------------------------------------------

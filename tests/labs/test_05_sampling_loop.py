@@ -43,6 +43,9 @@ MUTANTS = [
     ("initial_noise",
      "return torch.randn((batch_size, size, size, channels), generator=generator, dtype=dtype)",
      "channels last"),
+    ("initial_noise",  # float32 noise cast to float16: other values unless B·C·H·W is a multiple of 16
+     "return torch.randn((batch_size, channels, size, size), generator=generator).to(dtype)",
+     "drawn in float32, then cast to dtype"),
     ("initial_noise",  # the global RNG instead of the generator
      "return torch.randn((batch_size, channels, size, size), dtype=dtype)",
      Fails("wrong", "values differ")),
@@ -81,6 +84,20 @@ MUTANTS = [
      return sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta)
      """,
      "the sample returned before to_image"),
+    ("generate",  # the noise drawn one image at a time (through the learner's own initial_noise)
+     """
+     c, s = unet.config.in_channels, unet.config.sample_size
+     noise = torch.cat([initial_noise(1, c, s, generator, unet.dtype) for _ in range(batch_size)])
+     return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))
+     """,
+     Fails("wrong", "values differ")),
+    ("generate",  # the noise drawn in float32 and cast to the UNet's float16
+     """
+     c, s = unet.config.in_channels, unet.config.sample_size
+     noise = initial_noise(batch_size, c, s, generator, torch.float32).to(unet.dtype)
+     return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))
+     """,
+     Fails("wrong", "values differ")),
     ("generate",
      """
      noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, generator, unet.dtype)

@@ -87,6 +87,8 @@ MUTANTS = [
      mu_body(slope="(max_image_seq_len - base_image_seq_len) / (max_shift - base_shift)"), Fails("wrong", "expected")),
     ("time_shift", shift_body(s="mu"), "'exponential' with μ instead of e^μ"),
     ("time_shift", shift_body(s="math.exp(mu)"), "'linear' with e^μ"),
+    ("time_shift", shift_body(s="mu if time_shift_type == 'exponential' else math.exp(mu)"),
+     "the two types swapped"),
     ("time_shift", shift_body(out="1 / (1 + s * (1 / sigmas - 1))"), "shifted the wrong way (1/s: towards clean)"),
     ("time_shift",  # (1/σ − 1) raised to 2 (time_shift's `sigma` exponent is 1.0 in set_timesteps)
      shift_body(out="s / (s + (1 / sigmas - 1) ** 2)"), Fails("wrong", "values differ")),

@@ -104,8 +104,8 @@ MUTANTS = [
      pack_body(span="(start, n)"), Fails("wrong", "")),
     ("split_guided", split_body(combine="c + s * (u - c)"), "uncond and text rows swapped"),
     ("split_guided", split_body(rows="noise_pred[2 * i:2 * i + (b - a)]"), "two rows assumed per request"),
-    ("split_guided",  # the first request's scale for everyone
-     split_body(scale="guidance_scales[0]"), Fails("wrong", "")),
+    ("split_guided", split_body(scale="guidance_scales[0]"), "the first request's guidance scale for every request"),
+    ("split_guided", split_body(combine="c + s * (c - u)"), "guided from the text prediction"),
     ("serve", serve_body(own="scheduler"), "one scheduler shared by every request"),
     ("serve",  # one scheduler per step count: fine for DDIM, whose step keeps no count; Euler's does
      serve_body(own="by_length.setdefault(r['num_inference_steps'], copy.deepcopy(scheduler))").replace(
