@@ -6,8 +6,8 @@ LAB = "12_end_to_end"
 
 def trace_body(old_boundary=False, **swap):
     """A body for inference_trace, the solution's, with one recorded tensor swapped (boundary name → expression)."""
-    record = {"unet input": "x", "unet output": "out", "guided noise": "guided", "decoded": "decoded",
-              "image": 'vae_lab.postprocess(decoded, "pt")', **swap}
+    record = {"conditioning": "cond", "unet input": "x", "unet output": "out", "guided noise": "guided",
+              "decoded": "decoded", "image": 'vae_lab.postprocess(decoded, "pt")', **swap}
     helper = ("""
         def boundary(name, tensor):  # the helper as lab 12 first shipped it: no values
             return {"boundary": name, "shape": tuple(tensor.shape), "dtype": str(tensor.dtype),
@@ -16,7 +16,7 @@ def trace_body(old_boundary=False, **swap):
         trace = []
         scheduler.set_timesteps(num_inference_steps)
         cond = torch.cat([negative_prompt_embeds, prompt_embeds])
-        trace.append(boundary("conditioning", cond))
+        trace.append(boundary("conditioning", {record["conditioning"]}))
         latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
             vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
             generator, prompt_embeds.dtype)
@@ -28,7 +28,8 @@ def trace_body(old_boundary=False, **swap):
             out = unet(x, t, encoder_hidden_states=cond).sample
             guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
             if i == 0:
-                trace += [boundary("unet input", {record["unet input"]}), boundary("unet output", {record["unet output"]}),
+                trace += [boundary("unet input", {record["unet input"]}),
+                          boundary("unet output", {record["unet output"]}),
                           boundary("guided noise", {record["guided noise"]})]
             latents = scheduler.step(guided, t, latents, **extra).prev_sample
         trace.append(boundary("final latents", latents))
@@ -91,47 +92,9 @@ MUTANTS = [
                           guidance_scale, generator, eta, guidance_rescale)
         return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
      """, Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
-    ("inference_trace", """
-        trace = [boundary("conditioning", prompt_embeds)]
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        trace.append(boundary("initial latents", latents))
-        cond = torch.cat([negative_prompt_embeds, prompt_embeds])
-        extra = step_kwargs(scheduler, generator, 0.0)
-        for i, t in enumerate(scheduler.timesteps):
-            x = scheduler.scale_model_input(torch.cat([latents, latents]), t)
-            out = unet(x, t, encoder_hidden_states=cond).sample
-            guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
-            if i == 0:
-                trace += [boundary("unet input", x), boundary("unet output", out), boundary("guided noise", guided)]
-            latents = scheduler.step(guided, t, latents, **extra).prev_sample
-        trace.append(boundary("final latents", latents))
-        decoded = vae_lab.decode_latents(vae, latents)
-        return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded, "pt"))]
-     """, "the conditioning recorded as the prompt alone"),
-    ("inference_trace", """
-        trace = []
-        scheduler.set_timesteps(num_inference_steps)
-        cond = torch.cat([negative_prompt_embeds, prompt_embeds])
-        trace.append(boundary("conditioning", cond))
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        trace.append(boundary("initial latents", latents))
-        extra = step_kwargs(scheduler, generator, 0.0)
-        for i, t in enumerate(scheduler.timesteps):
-            x = scheduler.scale_model_input(torch.cat([latents, latents]), t)
-            out = unet(x, t, encoder_hidden_states=cond).sample
-            guided = cfg.guidance_combine(*out.chunk(2), guidance_scale)
-            if i == 0:
-                trace += [boundary("unet input", x), boundary("unet output", out), boundary("guided noise", guided)]
-            latents = scheduler.step(guided, t, latents, **extra).prev_sample
-        trace.append(boundary("final latents", latents))
-        decoded = vae_lab.decode_latents(vae, latents)
-        return trace + [boundary("decoded", decoded), boundary("image", vae_lab.postprocess(decoded.float(), "pt"))]
-     """, "the image upcast to float32"),  # the lesson's trace-dtypes trap: postprocessed in float32
+    ("inference_trace", trace_body(conditioning="prompt_embeds"), "the conditioning recorded as the prompt alone"),
+    ("inference_trace", trace_body(image='vae_lab.postprocess(decoded.float(), "pt")'),
+     "the image upcast to float32"),  # the lesson's trace-dtypes trap: postprocessed in float32
     # Lab 12's trace by value: a tensor of the right shape recorded at the wrong point of the step
     ("inference_trace", trace_body(**{"unet input": "doubled"}), "the UNet input recorded before scale_model_input"),
     ("inference_trace", trace_body(decoded='vae_lab.postprocess(decoded, "pt")'),
