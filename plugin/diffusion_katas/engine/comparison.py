@@ -420,6 +420,6 @@ def closeness(actual: Any, candidate: Any, expected: Any) -> float:
     if sums["to trap"] == 0.0:
         return 0.0
     scale = min(sums["to answer"], sums["trap to answer"], sums["trap"])
-    if not math.isfinite(sums["to trap"]) or scale == 0.0:
-        return math.inf
-    return math.sqrt(sums["to trap"] / scale) if math.isfinite(scale) else 0.0
+    if not math.isfinite(sums["to trap"]) or scale == 0.0 or not math.isfinite(scale):
+        return math.inf  # no finite yardstick (every distance infinite): near means nothing, only a match names
+    return math.sqrt(sums["to trap"] / scale)
