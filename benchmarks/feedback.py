@@ -101,7 +101,10 @@ def one_function_saves(lab: str, runs: int) -> tuple[str, list[float]]:
 def learner_env(**extra) -> dict:
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KATA_", "PYTEST_"))}
+    # A learner's Python writes its bytecode caches (pytest's rewritten plugin modules among them): a machine's
+    # PYTHONDONTWRITEBYTECODE would make every run compile them again.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KATA_", "PYTEST_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(extra)
     return env
 

@@ -83,6 +83,7 @@ class Zygote:
         child.close()
         self.control = parent
         self._buffer = b""
+        self._unread = 0  # answers to `preload` not read yet
 
     @classmethod
     def shared(cls) -> "Zygote":
@@ -117,23 +118,49 @@ class Zygote:
         return line.decode()
 
     def _command(self, command: dict, fds: list[int] = ()) -> str:
+        while self._unread:  # the answers to `preload` (a real `load` follows it and says what failed)
+            self._line()
+            self._unread -= 1
         socket.send_fds(self.control, [pickle.dumps(command)], list(fds))
         return self._line()
+
+    @classmethod
+    def preload(cls, modules: list[tuple[str, str]], learner_sources: tuple = ()) -> None:
+        """Ask the running warm parent (none is started here) to load graders, without waiting for it: it imports
+        them while this process collects the same graders, on another core."""
+        with cls._lock:
+            current = cls._shared or getattr(sys, "_diffusion_katas_zygote", None)
+        if current is None or current.process.poll() is not None:
+            return
+        with current._lock:
+            try:
+                socket.send_fds(current.control, [pickle.dumps(current._load_command(modules, learner_sources))], [])
+            except OSError:
+                return
+            current._unread += 1
 
     def load(self, modules: list[tuple[str, str]], learner_sources: tuple = ()) -> None:
         """Load graders into the warm parent (once each), with the grader's cwd and import path, and the
         library modules they and the learner's files name (read, never run there)."""
         with self._lock:
-            answer = self._command({"op": "load", "modules": list(modules), "cwd": os.getcwd(),
-                                    "sys_path": list(sys.path), "learner_sources": [str(p) for p in learner_sources]})
+            answer = self._command(self._load_command(modules, learner_sources))
         if answer != "ok":
             raise RuntimeError(f"the runners' warm parent could not load the grader: {answer[6:]}")
 
-    def fork(self) -> tuple[int, socket.socket]:
+    @staticmethod
+    def _load_command(modules, learner_sources) -> dict:
+        return {"op": "load", "modules": [tuple(m) for m in modules], "cwd": os.getcwd(), "sys_path": list(sys.path),
+                "learner_sources": [str(p) for p in learner_sources]}
+
+
+    def fork(self, lock: tuple = ()) -> tuple[int, socket.socket]:
+        """A runner, forked with `lock` (CodeLock's arguments) already installed by the warm parent: the answer
+        key's code is read once there, where its pages are the parent's own, not copied on first touch in each
+        runner."""
         with self._lock:
             mine, theirs = socket.socketpair()
             try:
-                pid = int(self._command({"op": "fork"}, [theirs.fileno()]).split()[1])
+                pid = int(self._command({"op": "fork", "lock": tuple(lock)}, [theirs.fileno()]).split()[1])
             finally:
                 theirs.close()
         return pid, mine
@@ -196,7 +223,9 @@ class Runner:
         except (OSError, RunnerGone):  # it ended since it was last used (killed, out of memory): one more, once
             self.zygote = Zygote.replaced(self.zygote)
             self.zygote.load(grader_modules, (source, *learner_files))
-        self.pid, self.sock = self.zygote.fork()
+        learner = {str(source), *(str(p) for p in learner_files)}
+        self.pid, self.sock = self.zygote.fork((tuple(answer_key), kata, tuple(forbidden_ops), tuple(sorted(learner)),
+                                                tuple(answer_key_direct)))
         self.timeout = timeout
         self.printed = ""
         self.closed = False

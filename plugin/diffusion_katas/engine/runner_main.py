@@ -30,6 +30,7 @@ import traceback
 STARTUP_PATH = tuple(p for p in sys.path if p)
 OUTPUT_CAP = 4000  # characters of a runner's own prints returned with a reply
 MESSAGE_CAP = 2000  # characters of an exception's message
+RUNNER_FAILED = 70  # a runner's exit status where its own code failed (EX_SOFTWARE), not the learner's
 FRAMES_CAP = 12  # traceback frames kept (the learner's, or the last ones)
 # Imported by the warm parent so that a runner starts in milliseconds.
 # (the graders themselves are loaded into the warm parent on first use, with what they import).
@@ -108,6 +109,7 @@ def zygote(control_fd: int) -> None:
         elif command["op"] == "fork" and fds:
             # Python's advice for fork without exec: what the runner inherits (torch, diffusers, the graders)
             # is never collected there, so its collections neither walk it nor copy its pages on write.
+            _PREPARED[:] = [_prepared_lock(command.get("lock") or ())]
             gc.freeze()
             pid = os.fork()
             if pid == 0:
@@ -119,7 +121,7 @@ def zygote(control_fd: int) -> None:
                 try:
                     serve(socket.socket(fileno=fds[0]))
                 except BaseException:  # noqa: BLE001
-                    code = 70
+                    code = RUNNER_FAILED
                     try:  # the runner's own failure, said where the grader's user can read it
                         import traceback
 
@@ -144,6 +146,23 @@ def zygote(control_fd: int) -> None:
             control.sendall(f"{how}\n".encode())
         for fd in fds[1:] if command["op"] == "fork" else fds:
             os.close(fd)
+
+
+_PREPARED: list = []  # (CodeLock's arguments, the lock installed with them) for the runner forked next
+
+
+def _prepared_lock(arguments: tuple):
+    """The runner's lock, installed here in the warm parent before the fork (no learner code has run in either)."""
+    from diffusion_katas.engine.isolation import CodeLock
+
+    if len(arguments) != 5:
+        return None
+    try:
+        lock = CodeLock(*arguments)
+        lock.install()
+    except Exception:  # noqa: BLE001  (the runner installs its own, and reports what fails)
+        return None
+    return arguments, lock
 
 
 def _load_graders(command: dict, loaded: dict) -> str:
@@ -521,9 +540,14 @@ def _open(request: dict):
     sandbox.enter(sorted({os.path.dirname(f) for f in learner_files} | set(graders)))
     watch_threads(_threads())
     _limit_memory(request.get("memory"))
-    lock = CodeLock(request.get("answer_key", ()), request.get("kata", ""), request.get("forbidden_ops", ()),
-                    tuple(learner_files), request.get("answer_key_direct", ()))
-    lock.install()
+    arguments = (tuple(request.get("answer_key", ())), request.get("kata", ""), tuple(request.get("forbidden_ops", ())),
+                 tuple(sorted(learner_files)), tuple(request.get("answer_key_direct", ())))
+    prepared = _PREPARED.pop() if _PREPARED else None
+    if prepared and prepared[0] == arguments:
+        lock = prepared[1]
+    else:
+        lock = CodeLock(*arguments)
+        lock.install()
     plan = sandbox.plan()
     lock.arm(tuple(plan.library_roots if plan else ()) + tuple(graders))
     sandbox.forget_ctypes()

@@ -64,6 +64,11 @@ class KataFile(pytest.File):
         if session.grade_solutions and self.path.parent == session.kata_dir:
             self.source = session.solutions_dir / self.path.name
         self.title = lab_title(self.source) if self.source.is_file() else session.course.title(self.lab)
+        if self.source.is_file() and not self.untouched():  # the warm parent loads the grader as this process does
+            from diffusion_katas.engine.runner import Zygote
+
+            Zygote.preload([(str(session.course.grader(self.lab)), f"diffusion_katas_grader_{self.lab}")],
+                           (self.source, *self.learner_files()))
         for kata in session.course.graders_of(self.lab):
             for check in kata.checks:
                 item = KataItem.from_parent(self, name=check.id, check=check)
@@ -191,7 +196,13 @@ class KataItem(pytest.Item):
                 memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30),
                 cuda=bool(self.get_closest_marker("cuda")))
         except RunnerGone as gone:  # the kata file ended its process while it was being imported
+            from diffusion_katas.engine.runner_main import RUNNER_FAILED
+
             rel = session.rel(kata_file.source)
+            if gone.how == f"exit {RUNNER_FAILED}":  # the runner's own code failed: never the learner's to fix
+                raise RuntimeError(f"the runner failed while it prepared this check (exit status {RUNNER_FAILED}), "
+                                   f"before or while it imported {rel}: a grading problem, not your code. "
+                                   "KATA_RUNNER_LOG=FILE keeps its traceback.") from None
             if gone.timed_out:
                 message = f"importing {rel} did not finish within {session.timeout:g} s (the process was killed)"
             else:
@@ -342,14 +353,14 @@ class KataItem(pytest.Item):
         import torch
 
         from diffusion_katas.engine import builds
-        from diffusion_katas.engine.helpers import fresh_rng_state
+        from diffusion_katas.engine.helpers import fresh_rng_state, seed_global
         from diffusion_katas.core.tolerances import for_dtype, output_dtype
 
         session = self.config.stash[state.SESSION]
         seed = self.seed(check.name)
         # Models and adapters built inside a check draw from the global RNG; inputs from `g`. Distinct
         # seeds: a learner who forgets `generator=` must not redraw the grader's own inputs by luck.
-        torch.manual_seed(seed ^ 0x5EED)
+        seed_global(seed ^ 0x5EED)
         g = torch.Generator().manual_seed(seed)
         total = len(check.cases)
         for number, case in enumerate(check.cases, 1):
@@ -418,7 +429,10 @@ class KataItem(pytest.Item):
         except Exception:  # noqa: BLE001  (naming a mistake is advice: it never hides the verdict)
             named = None
         if named is not None:
+            from diffusion_katas.engine.comparison import PRECISION_NOTE
+
             trap, near, missed = named
+            lines[1] = lines[1].replace(PRECISION_NOTE, "")  # a formula mistake explains it, not rounding
             lines.append(f"  trap: {trap.name}\n    {trap.hint}")
             if near:
                 lines.append(f"    (your output is a near variant of this mistake's: {near:.0%} of the way from its "
@@ -643,8 +657,10 @@ class BudgetItem(KataItem):
 
         import torch
 
+        from diffusion_katas.engine.helpers import seed_global
+
         seed = self.seed(f"budget:{self.budget.name}")
-        torch.manual_seed(seed)
+        seed_global(seed)
         measurements = self.budget.measure(Learner(self, fn), torch.Generator().manual_seed(seed))
         self.measurements = measurements
         if any(m.over for m in measurements):
