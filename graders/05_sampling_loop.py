@@ -37,7 +37,8 @@ from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusion_katas.engine import tiny
-from diffusion_katas.engine.helpers import DTYPES, EVERY_PIPELINE_CALL, IMAGE_POSTPROCESSING, PipelineRecorder, seed_from
+from diffusion_katas.engine.helpers import (DTYPES, EVERY_PIPELINE_CALL, IMAGE_POSTPROCESSING, PipelineRecorder, seed_from,
+                                           seed_global)
 from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import EXACT
 
@@ -451,7 +452,7 @@ class CountedUNet:
         # A scheduler.step without generator= draws its noise from the global RNG. Reseeding it from t
         # after each call makes that draw the same for the learner and for the trap imitating the
         # mistake, so the mistake can be named. Nothing else in a correct loop reads the global RNG.
-        torch.manual_seed(self.rng_seed + _t_values(timestep)[0])
+        seed_global(self.rng_seed + _t_values(timestep)[0])
         return out
 
     def __call__(self, sample, timestep, *args, **kwargs):
@@ -495,34 +496,42 @@ class CountedUNet:
         if t == self.expected[k]:
             return
         here = f"the pipeline's call {k + 1} uses t={self.expected[k]} (scheduler.timesteps[{k}])"
+        name = None
         if k > 0 and t == previous:
-            why = (f"That timestep was already used by call {k}: two UNet calls for one step. Call it once per "
-                   "step and use that output; every extra call is a full forward (the step count is the cost).")
+            name, why = "the UNet called twice per step", (
+                f"That timestep was already used by call {k}: two UNet calls for one step. Call it once per step and "
+                "use that output; every extra call is a full forward (the step count is the cost).")
         elif self.stale and self.seen == self.stale[:k + 1]:
-            why = (f"That comes from the scheduler's old schedule {_short(self.stale)}: it still held an earlier "
-                   f"run's {len(self.stale)} timesteps. Call scheduler.set_timesteps(num_inference_steps) "
-                   "before the loop, as the pipeline does on every call.")
+            name, why = "set_timesteps not called: the scheduler's earlier schedule used", (
+                f"That comes from the scheduler's old schedule {_short(self.stale)}: it still held an earlier run's "
+                f"{len(self.stale)} timesteps. Call scheduler.set_timesteps(num_inference_steps) before the loop, as "
+                "the pipeline does on every call.")
         elif t == k and t == self.expected[n - 1 - k]:
-            why = (f"That is the loop index, or the schedule walked backwards: {here}. Iterate over "
-                   "scheduler.timesteps in its own order (noisiest first) and pass each t itself.")
+            name, why = "the loop index as the timestep (range(n)), or the schedule walked backwards", (
+                "That is the loop index, or the schedule walked backwards. Iterate over scheduler.timesteps in its "
+                "own order (noisiest first) and pass each t itself.")
         elif t == k:
-            why = (f"That is the loop index. The UNet (and scheduler.step) take the timestep itself: iterate "
-                   f"over scheduler.timesteps; {here}.")
+            name, why = "the loop index as the timestep (range(n))", (
+                "That is the loop index. The UNet (and scheduler.step) take the timestep itself: iterate over "
+                "scheduler.timesteps.")
         elif t == self.expected[n - 1 - k]:
-            why = (f"That walks the schedule backwards: scheduler.timesteps already runs from the noisiest "
-                   f"timestep to the cleanest, and {here}.")
-        else:
-            why = f"But {here}."
-        raise KataFailure(f"  {where} got t={t}. {why}\n    {self._schedule()}")
+            name, why = "the schedule walked backwards", (
+                "That walks the schedule backwards: scheduler.timesteps already runs from the noisiest timestep to "
+                "the cleanest.")
+        message = f"  {where} got t={t}, but {here}.\n    {self._schedule()}"
+        raise KataFailure(message + (f"\n  trap: {name}\n    {why}" if name else ""))
 
     def verify(self, out) -> None:
         """After the learner's call: every timestep was visited (autograd is checked at each call, `_check`)."""
         n = len(self.expected)
         if len(self.seen) < n:
             missing = self.expected[len(self.seen):]
+            stopped = ("\n  trap: the loop stopped before the schedule's end\n    Every entry of scheduler.timesteps "
+                       "is one step, the last one (the cleanest t) included: loop over all of them."
+                       if self.seen == self.expected[:len(self.seen)] else "")
             raise KataFailure(
                 f"  the UNet was called {len(self.seen)} times; the pipeline calls it {n} times. "
-                f"Not visited: t = {_short(missing)}. " + self._schedule())
+                f"Not visited: t = {_short(missing)}. " + self._schedule() + stopped)
 
 
 class StepWitness:
@@ -543,10 +552,12 @@ class StepWitness:
             values = _t_values(timestep)
             t = values[0] if len(values) == 1 else values
             if t != seen[-1]:
+                named = ("\n  trap: the loop index passed to scheduler.step\n    The step takes the timestep t the UNet "
+                         "got, not its position in the loop." if t == len(seen) - 1 else "")
                 raise KataFailure(
                     f"  scheduler.step got timestep {t}, but the UNet was just called with t={seen[-1]}. "
                     "Pass the same t to both: step looks up ᾱ_t and the previous timestep from it, so the "
-                    "loop index (or any other number) is not a timestep.")
+                    "loop index (or any other number) is not a timestep." + named)
 
 
 def _denoise(unet):

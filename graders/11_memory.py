@@ -148,6 +148,29 @@ def _(first, second, extent, dim):
     return out
 
 
+def _seam(first, second, extent, dim, weight):
+    e = min(first.shape[dim], second.shape[dim], extent)
+    out = second.clone()
+    for y in range(e):
+        w = weight(y, e)
+        out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - w) + second.select(dim, y) * w)
+    return out
+
+
+@blend_seam.trap("the weights one slice on: (y + 1)/E",
+                 hint="The seam's first slice is all `first` (w = 0/E = 0 for `second`); w = y/E reaches (E − 1)/E at "
+                      "the last blended slice, and the slice after is `second` alone.")
+def _(first, second, extent, dim):
+    return _seam(first, second, extent, dim, lambda y, e: (y + 1) / e)
+
+
+@blend_seam.trap("the weights as linspace(0, 1, E): y/(E − 1)",
+                 hint="diffusers' weights are y/E for y < E: they never reach 1 inside the seam (the slice after it "
+                      "is where `second` takes over). linspace(0, 1, E) ends at 1 one slice early.")
+def _(first, second, extent, dim):
+    return _seam(first, second, extent, dim, lambda y, e: y / (e - 1) if e > 1 else 0.0)
+
+
 # ---- tiled_decode --------------------------------------------------------------------------------------
 tiled_decode = Kata(
     "tiled_decode",
@@ -231,13 +254,17 @@ def _pqc(vae, z):
     return vae.post_quant_conv(z) if vae.config.use_post_quant_conv else z
 
 
-def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False, vsf=None):
+def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False, vsf=None,
+           skip_pqc=False):
     """A whole-tile tiled decode with switches for the traps (fresh_neighbours: blend against
     neighbours as decoded, before their own blending; vsf: a scale factor other than the VAE's)."""
     vsf = vsf or 2 ** (len(vae.config.block_out_channels) - 1)
     stride, e = int(t * (1 - overlap)), int(t * vsf * overlap)
     keep = t * vsf - e
-    decoded = [[vae.decoder(_pqc(vae, latents[:, :, i:i + t, j:j + t]))
+    def decode(z):
+        return vae.decoder(z if skip_pqc else _pqc(vae, z))
+
+    decoded = [[decode(latents[:, :, i:i + t, j:j + t])
                 for j in range(0, latents.shape[3], stride)] for i in range(0, latents.shape[2], stride)]
     raw = [[tile.clone() for tile in row] for row in decoded]
     rows = []
@@ -465,6 +492,24 @@ def _(vae, latents, tile_latent_size, overlap_factor):
     return _tiles(vae, latents, tile_latent_size, overlap_factor)
 
 
+@tiled_decode.trap("post_quant_conv skipped",
+                   hint="Each tile is decoded as decode() would: post_quant_conv, then the decoder (where "
+                        "config.use_post_quant_conv is set).")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, skip_pqc=True)
+
+
+@sliced_decode.trap("the latents divided by scaling_factor first (the pipeline's job, not decode's)",
+                    hint="vae.decode takes the latents as they are: the pipeline divides by scaling_factor before "
+                         "it calls decode. Slice, post_quant_conv, decoder, and nothing else.")
+@torch.no_grad()
+def _(vae, latents):
+    z = latents / vae.config.scaling_factor
+    pqc = vae.post_quant_conv if vae.config.use_post_quant_conv else (lambda x: x)
+    return torch.cat([vae.decoder(pqc(z[b:b + 1])) for b in range(z.shape[0])])
+
+
 @sliced_decode.trap("post_quant_conv skipped",
                     hint="decode() runs post_quant_conv before the decoder when config.use_post_quant_conv is set.")
 @torch.no_grad()
@@ -524,6 +569,9 @@ ATTN_CASES = [
     dict(shape=(3, 45, 23, 16), dv=6, chunk=8, mask="bool-keys"),  # (B, L, D) with a (B, 1, Lk) mask
     dict(shape=(2, 3, 41, 19, 12), dv=5, chunk=16, mask="float-keys"),  # a (B, 1, 1, Lk) float mask
     dict(shape=(2, 2, 30, 26, 6), dv=10, chunk=9, mask="bool", scale=0.45),
+    # queries whose every key is masked (padding): scaled_dot_product_attention returns 0 there, a plain
+    # softmax over −inf gives NaN
+    dict(shape=(2, 2, 24, 18, 8), chunk=5, mask="bool-empty-rows"),
 ]
 
 
@@ -536,7 +584,11 @@ def _(case, g):
     per_batch = batch[:1] + (1,) * (len(batch) - 1)  # (B, 1, …): one mask per sample, shared by the heads
     if case["mask"] == "bool":
         mask = torch.rand(per_batch + (lq, lk), generator=g) > 0.3
-        mask[..., 0] = True  # every query keeps a key: an all-masked row is NaN in any implementation
+        mask[..., 0] = True  # every query keeps a key (the rows that keep none: their own case)
+    elif case["mask"] == "bool-empty-rows":
+        mask = torch.rand(per_batch + (lq, lk), generator=g) > 0.3
+        mask[..., 0] = True
+        mask[..., 3::7, :] = False  # these queries keep no key
     elif case["mask"] == "bool-keys":
         mask = torch.rand(per_batch + (1, lk), generator=g) > 0.5
         mask[..., 0] = True
@@ -552,15 +604,23 @@ def _(case, g):
                                 scale=case.get("scale")), expected=expected, exact=exact)
 
 
-def _naive(query, key, value, attn_mask, scale, softmax, mask_after=False):
+def _naive(query, key, value, attn_mask, scale, softmax, mask_after=False, bool_inverted=False, bool_added=False,
+           empty_rows_nan=False):
     s = query.shape[-1] ** -0.5 if scale is None else scale
     scores = query @ key.transpose(-2, -1) * s
     if attn_mask is not None and mask_after:
         weights = softmax(scores)
         weights = weights * attn_mask if attn_mask.dtype == torch.bool else weights + attn_mask
         return weights @ value
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = ~attn_mask if bool_inverted else attn_mask
+        scores = scores + keep.to(scores.dtype) if bool_added else scores.masked_fill(~keep, float("-inf"))
+        weights = softmax(scores)
+        if not (empty_rows_nan or bool_added):  # a query with no key left: 0, as scaled_dot_product_attention
+            weights = weights.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
+        return weights @ value
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        scores = scores + attn_mask
     return softmax(scores) @ value
 
 
@@ -580,6 +640,36 @@ def _(query, key, value, chunk_size, attn_mask=None, scale=None):
                         hint="Scores are Q Kᵀ/√d unless a scale is given: without it the softmax is far too peaked.")
 def _(query, key, value, chunk_size, attn_mask=None, scale=None):
     return _naive(query, key, value, attn_mask, 1.0 if scale is None else scale, lambda s: s.softmax(-1))
+
+
+@chunked_attention.trap("the scale 1/d instead of 1/√d",
+                        hint="Dot products of d-wide unit vectors grow like √d: the default scale is 1/√d "
+                             "(query.shape[-1] ** -0.5), not 1/d.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, 1 / query.shape[-1] if scale is None else scale,
+                  lambda s: s.softmax(-1))
+
+
+@chunked_attention.trap("the bool mask read the other way (True = masked out)",
+                        hint="scaled_dot_product_attention's bool mask says which keys TAKE PART: True keeps a key, "
+                             "False gets −inf before the softmax.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-1), bool_inverted=True)
+
+
+@chunked_attention.trap("the bool mask added to the scores as 0/1",
+                        hint="A bool mask is not a bias: False must remove the key (−inf before the softmax, "
+                             "masked_fill(~mask, −inf)); adding 1 where True only nudges the scores.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-1), bool_added=True)
+
+
+@chunked_attention.trap("a query whose keys are all masked left as NaN (a softmax over only −inf)",
+                        hint="scaled_dot_product_attention gives such a query (a padding row) an output of 0: set "
+                             "its weights to 0 (where the mask row has no True) instead of the softmax's NaN.",
+                        nonfinite=True)
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-1), empty_rows_nan=True)
 
 
 @chunked_attention.trap("the default scale taken from the value's width (1/√d_v instead of 1/√d)",

@@ -221,6 +221,14 @@ def _(height, width, vae_scale_factor=8, patch_size=2, **line):
     return math.exp(_line(tokens_of(height, width, vae_scale_factor, patch_size), **line))
 
 
+@resolution_mu.trap("μ clamped to [base_shift, max_shift]",
+                    hint="calculate_shift extrapolates the line: below base_image_seq_len tokens μ < base_shift, "
+                         "beyond max_image_seq_len μ > max_shift (a 2048² Flux image: μ ≈ 3.1). No clamp.")
+def _(height, width, vae_scale_factor=8, patch_size=2, **line):
+    mu = _line(tokens_of(height, width, vae_scale_factor, patch_size), **line)
+    return min(max(mu, line["base_shift"]), line["max_shift"])
+
+
 # ---- time_shift -------------------------------------------------------------------------------------
 time_shift = Kata(
     "time_shift",
@@ -314,6 +322,16 @@ def _(mu, sigmas, time_shift_type="exponential"):
     return _shifted(1 / s, sigmas)
 
 
+@time_shift.trap("the −1 left out (s / (s + 1/σ))",
+                 hint="The shift acts on the odds (1 − σ)/σ = 1/σ − 1: σ' = s / (s + (1/σ − 1)), which keeps σ = 1 "
+                      "at 1 (s / (s + 1/σ) would give s / (s + 1) there).")
+def _(mu, sigmas, time_shift_type="exponential"):
+    import math
+
+    s = math.exp(mu) if time_shift_type == "exponential" else mu
+    return s / (s + 1 / sigmas)
+
+
 # ---- scale_noise ------------------------------------------------------------------------------------
 scale_noise = Kata(
     "scale_noise",
@@ -405,6 +423,23 @@ def _(sample, noise, timestep, timesteps, sigmas):
                   hint="Timesteps run to T = 1000; σ runs to 1. Use the σ at the timestep's index (σ = t/T).")
 def _(sample, noise, timestep, timesteps, sigmas):
     sigma = timestep.float().reshape(-1, *([1] * (sample.dim() - 1)))
+    return _mix(sample, noise, sigma, lambda s: 1 - s, lambda s: s)
+
+
+@scale_noise.trap("σ one index on (sigmas[i + 1], the next step's)",
+                  hint="sigmas[i] is the σ of timesteps[i]: the same index, not the one after it (sigmas has one "
+                       "more entry, the final 0, for the step's σ_next).")
+def _(sample, noise, timestep, timesteps, sigmas):
+    index = (timesteps[None, :] == timestep[:, None]).long().argmax(1) + 1
+    sigma = sigmas[index].float().reshape(-1, *([1] * (sample.dim() - 1)))
+    return _mix(sample, noise, sigma, lambda s: 1 - s, lambda s: s)
+
+
+@scale_noise.trap("σ = t / 1000 (the timesteps' scale T taken to be 1000)",
+                  hint="timesteps = σ·num_train_timesteps, and T need not be 1000: look σ up in `sigmas` at the "
+                       "timestep's index instead of dividing.")
+def _(sample, noise, timestep, timesteps, sigmas):
+    sigma = (timestep.float() / 1000).reshape(-1, *([1] * (sample.dim() - 1)))
     return _mix(sample, noise, sigma, lambda s: 1 - s, lambda s: s)
 
 

@@ -161,6 +161,12 @@ def _(alpha_prod):
     return _lam(alpha_prod, flipped=True)
 
 
+@dpm_lambda.trap("the square root on ᾱ only: log √ᾱ − log(1 − ᾱ)",
+                 hint="Both scales are square roots: σ = √(1 − ᾱ) as α = √ᾱ, so λ = ½·log ᾱ − ½·log(1 − ᾱ).")
+def _(alpha_prod):
+    return torch.log(alpha_prod ** 0.5) - torch.log(1 - alpha_prod)
+
+
 # ---- data_prediction -------------------------------------------------------------------------------------
 data_prediction = Kata(
     "data_prediction",
@@ -213,6 +219,18 @@ def _(model_output, sample, alpha_prod_t):
     return (sample - (1 - alpha_prod_t) * model_output) / alpha_prod_t
 
 
+@data_prediction.trap("α_t and σ_t swapped: (x_t − α_t·ε̂)/σ_t",
+                      hint="x_t = α_t·x_0 + σ_t·ε: the noise is scaled by σ_t = √(1 − ᾱ_t), the data by α_t = √ᾱ_t.")
+def _(model_output, sample, alpha_prod_t):
+    return (sample - alpha_prod_t ** 0.5 * model_output) / (1 - alpha_prod_t) ** 0.5
+
+
+@data_prediction.trap("x_t − σ_t·ε̂/α_t: only the noise term divided (parentheses)",
+                      hint="Both terms are divided by α_t: x̂_0 = (x_t − σ_t·ε̂)/α_t.")
+def _(model_output, sample, alpha_prod_t):
+    return sample - (1 - alpha_prod_t) ** 0.5 * model_output / alpha_prod_t ** 0.5
+
+
 @data_prediction.trap("x_t − σ_t·ε̂ without dividing by α_t",
                       hint="Removing the noise leaves α_t·x_0: divide by α_t = √ᾱ_t.")
 def _(model_output, sample, alpha_prod_t):
@@ -221,7 +239,8 @@ def _(model_output, sample, alpha_prod_t):
 
 # ---- the updates: the reference math with one mistake switched on (for the traps) -----------------------
 def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, squared=False, flipped_h=False,
-                 swapped=False, no_d1=False, r0_not_inverted=False, no_half=False, heun=False, eps_form=False):
+                 swapped=False, no_d1=False, r0_not_inverted=False, no_half=False, heun=False, eps_form=False,
+                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False):
     """First order (x0s = [m0], alpha_prods = [ᾱ_s0]) or 2M midpoint (oldest first), float32 like step()."""
     m0 = x0s[-1]
     m1 = x0s[-2] if second else None
@@ -235,12 +254,13 @@ def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, square
     if eps_form:  # DPM-Solver's noise-prediction update, fed x̂0
         out = (alpha_t / alpha_s0) * x - (sigma_t * (torch.exp(h) - 1.0)) * m0
         return out.to(sample.dtype)
-    out = (sigma_t / sigma_s0) * x - (alpha_t * (torch.exp(-h) - 1.0)) * m0
+    ratio = alpha_t / alpha_s0 if alpha_ratio else sigma_t / sigma_s0
+    out = ratio * x + (1.0 if x0_sign else -1.0) * (alpha_t * (torch.exp(-h) - 1.0)) * m0
     if second and not no_d1:
         lam_s1 = _lam(alpha_prods[-2], squared=squared)
-        h_0 = lam_s1 - lam_s0 if flipped_h else lam_s0 - lam_s1
+        h_0 = lam_s1 - lam_s0 if flipped_h != flipped_h0 else lam_s0 - lam_s1
         r0 = h_0 / h
-        d1 = (r0 if r0_not_inverted else 1.0 / r0) * (m0 - m1)
+        d1 = (m0 - m1) if no_r0 else (r0 if r0_not_inverted else 1.0 / r0) * (m0 - m1)
         if heun:
             out = out + (alpha_t * ((torch.exp(-h) - 1.0) / h + 1.0)) * d1
         else:
@@ -330,6 +350,20 @@ def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
     return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, squared=True)
 
 
+@first_order_update.trap("the x̂0 term's sign flipped (+ α_t·(e^{−h} − 1)·x̂0)",
+                         hint="e^{−h} − 1 is negative for a denoising step: x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0 "
+                              "adds a positive share of x̂_0.")
+def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
+    return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, x0_sign=True)
+
+
+@first_order_update.trap("α_t/α_s on the sample instead of σ_t/σ_s",
+                         hint="DPM-Solver++ (the data prediction) keeps the sample's noise share: x is scaled by the "
+                              "ratio of noise scales σ_t/σ_s; α_t/α_s belongs to the noise-prediction form.")
+def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
+    return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, alpha_ratio=True)
+
+
 @first_order_update.trap("the noise-prediction (DPM-Solver) update fed x̂0: (α_t/α_s)·x − σ_t·(e^h − 1)·x̂0",
                          hint="That formula is for ε (algorithm_type='dpmsolver'). DPM-Solver++ integrates x̂_0: "
                               "x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0.")
@@ -375,6 +409,13 @@ def _second_trap(name: str, hint: str, **mistake):
 _second_trap("m0 and m1 swapped (model_outputs is oldest first)",
              "diffusers' model_outputs lists the history oldest first: m0 = model_outputs[-1] is this step's x̂_0, "
              "m1 = model_outputs[-2] the previous step's (and alpha_prods likewise).", swapped=True)
+@second_order_update.trap("alpha_prods read newest first (the ᾱ of the previous step taken as this step's)",
+                          hint="alpha_prods lists the history oldest first, like model_outputs: ᾱ_s0 = "
+                               "alpha_prods[-1] belongs to this step's x̂_0 = model_outputs[-1].")
+def _(model_outputs, sample, alpha_prods, alpha_prod_t):
+    return wrong_update(model_outputs, sample, alpha_prods[::-1], alpha_prod_t, second=True)
+
+
 _second_trap("h sign flipped (h = λ_s0 − λ_t)",
              "h = λ_t − λ_s0 and h_0 = λ_s0 − λ_s1 are both positive for denoising steps; the update uses e^{−h}.",
              flipped_h=True)
@@ -386,6 +427,12 @@ _second_trap("the D1 correction dropped: that is the first-order update",
 _second_trap("D1 = r0·(m0 − m1): r0 where 1/r0 belongs",
              "r0 = h_0/h compares the previous step with this one; the difference m0 − m1 spans h_0, so rescale "
              "it to this step: D1 = (m0 − m1)/r0.", r0_not_inverted=True)
+_second_trap("D1 = m0 − m1 without the 1/r0 (the previous step taken as long as this one)",
+             "The difference m0 − m1 spans the previous step h_0; D1 rescales it to this step's h: "
+             "D1 = (m0 − m1)/r0 with r0 = h_0/h (1 only where both steps are equally long in λ).", no_r0=True)
+_second_trap("h_0 sign flipped (h_0 = λ_s1 − λ_s0)",
+             "h_0 = λ_s0 − λ_s1: the previous step, measured like this one (later λ minus earlier), is positive.",
+             flipped_h0=True)
 _second_trap("the ½ of the midpoint rule missing on the D1 term",
              "solver_type='midpoint': x_t = … − ½·α_t·(e^{−h} − 1)·D1.", no_half=True)
 _second_trap("the 'heun' D1 coefficient α_t·((e^{−h} − 1)/h + 1) (solver_type='heun', not 'midpoint')",
@@ -520,7 +567,7 @@ def _(case, g):
 
 def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=True, final_sigmas_type="zero", *,
                eps_as_x0=False, second_first=False, ignore_lower_final=False, lower_final_any_n=False,
-               newest_first=False, always_first=False, final_swapped=False):
+               newest_first=False, always_first=False, final_swapped=False, eps_history=False):
     """The 2M loop with one misconception switched on (each trap below names one)."""
     predict = denoiser.predict if isinstance(denoiser, GaussianDenoiser) else denoiser
     n = len(timesteps)
@@ -536,7 +583,7 @@ def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=Tr
         eps = predict(x, t)
         alpha, sigma = _ab(a_s)
         x0 = eps if eps_as_x0 else (x - sigma * eps) / alpha
-        x0s, abars = (x0s + [x0])[-2:], (abars + [a_s])[-2:]
+        x0s, abars = (x0s + [eps if eps_history else x0])[-2:], (abars + [a_s])[-2:]
         last = i == n - 1
         if ignore_lower_final:
             lower_final = False
@@ -561,6 +608,9 @@ def _loop_trap(name: str, hint: str, **mistake):
 _loop_trap("ε used where x̂0 belongs (the denoiser's output fed to the updates unconverted)",
            "DPM-Solver++ integrates the data prediction: x̂_0 = data_prediction(denoiser(x, t), x, ᾱ_t) before "
            "the update, and the history holds x̂_0.", eps_as_x0=True)
+_loop_trap("the history holds the denoiser's ε̂, not x̂0",
+           "Keep x̂_0 = data_prediction(ε̂, x, ᾱ_s) in the history (diffusers' model_outputs holds the converted "
+           "outputs): second_order_update's D1 is the slope of x̂_0, not of ε̂.", eps_history=True)
 _loop_trap("the first step taken second order (no history yet: h_0 = 0 and D1 = 0/0)",
            "The first step has no previous x̂_0 to take a slope from: it is first order (diffusers: "
            "lower_order_nums < 1). Second order starts at the second step.", second_first=True)
@@ -688,8 +738,10 @@ def _convergence_verify(n: int, denoiser, x_T: torch.Tensor, rms, errors: dict, 
             verdict = ("your error does not shrink as the steps get finer: the loop converges to another answer "
                        "(a wrong λ, target or sign), or not at all")
         elif max(p) < 1.3:
-            verdict = ("first order: a second-order solver that only ever takes first-order steps (DDIM). After "
-                       "the first step, 2M calls second_order_update with this step's and the previous step's x̂_0")
+            verdict = ("first order: the loop converges like one that only ever takes first-order steps (DDIM). "
+                       "Either the second-order correction never acts (after the first step, 2M calls "
+                       "second_order_update with this step's and the previous step's x̂_0), or each step's x̂_0 or "
+                       "target is off by a first-order amount (the ᾱ it is computed with)")
         else:
             verdict = "less than second order: look at the D1 correction and the history it is built from"
         raise KataFailure(

@@ -249,7 +249,7 @@ serve = Kata(
 def expected_batches(requests, max_rows=None) -> list[int]:
     """The rows of each denoiser call under the docstring's rules: cancelled requests leave first; arrived ones
     join in list order while their rows fit under max_rows (no overtaking); finished ones leave after their step."""
-    return _schedule(requests, max_rows)[0]
+    return [sum(rows for _id, rows in members) for _tick, members in _schedule(requests, max_rows)[0]]
 
 
 def finishing(requests, max_rows=None) -> set[str]:
@@ -257,28 +257,89 @@ def finishing(requests, max_rows=None) -> set[str]:
     return _schedule(requests, max_rows)[1]
 
 
-def _schedule(requests, max_rows=None) -> tuple[list[int], set[str]]:
-    pending, active, sizes, tick, done = list(requests), [], [], 0, set()
+# The admission rules a learner can get wrong, each as a change to _schedule: (name, hint). A wrong schedule that
+# one of them reproduces call by call, and no other, is named.
+_REQUESTS_NOT_ROWS = ("max_rows counted in requests, not rows",
+                      "A CFG request takes 2 rows of the batch (negative and positive), one without CFG takes 1: the "
+                      "sum of rows must stay ≤ max_rows.")
+RULE_MISTAKES = {
+    "arrival_ignored": ("every request admitted from tick 0, its arrival ignored",
+                        "A request joins at the first tick ≥ its arrival (arrival ≤ tick), not before."),
+    "arrival_late": ("a request admitted the tick after its arrival (arrival < tick)",
+                     "A request that arrives at tick t is in tick t's batch: admit while arrival ≤ tick."),
+    "cancel_late": ("a request cancelled at tick t still in that tick's batch (cancel_at < tick)",
+                    "cancel_at = t means the request is gone at tick t: drop it (cancel_at ≤ tick) before that "
+                    "tick's admissions and batch."),
+    "cancel_kept": ("a cancelled request kept in the batches to its last step",
+                    "A request cancelled while active leaves at its cancel_at tick and frees its rows: every later "
+                    "call would pay for its rows, and the requests waiting for them would wait."),
+    "freed_late": ("a cancelled request's rows freed only after that tick's admissions",
+                   "Drop the cancelled requests first, then count the rows in use: the rows they free are there for "
+                   "the requests admitted at that same tick."),
+    "overtaking": ("a request that fits admitted past one that waits (continue for break)",
+                   "Admission stops at the first arrived request that does not fit: a later, smaller one waits "
+                   "behind it (no overtaking), so that a large request is never starved."),
+    "list_order": ("requests admitted in list order, not in order of arrival",
+                   "Sort the arrived requests by arrival (ties keep list order) before admitting them."),
+    "rows_as_requests": _REQUESTS_NOT_ROWS,
+    "rows_as_requests_admitted": _REQUESTS_NOT_ROWS,  # the active requests' rows counted right, each newcomer's as 1
+    "two_rows_each": ("every request counted as 2 rows toward max_rows",
+                      "Only a request with guidance_scale > 1 is doubled: one without CFG takes 1 row."),
+    "limit_ignored": ("max_rows ignored", "Admit an arrived request only while its rows fit: used + rows ≤ max_rows."),
+    "limit_strict": ("a request that exactly fills max_rows refused (used + rows < max_rows)",
+                     "max_rows is the most rows a batch may hold: a request whose rows bring the batch to exactly "
+                     "max_rows fits."),
+    "call_each": ("one denoiser call per request, not one per tick",
+                  "Pack every active request into one batch (pack_batch) and call the denoiser once per tick."),
+}
+
+
+def _schedule(requests, max_rows=None, mistake=None) -> tuple[list[tuple[int, list]], set[str]]:
+    """The denoiser calls as (tick, [(request id, rows)]), and the ids of the requests that take their last step;
+    `mistake` (a RULE_MISTAKES key) plays one rule wrong."""
+    pending, active, calls, tick, done = list(requests), [], [], 0, set()
     rows = lambda r: 2 if r["guidance_scale"] > 1 else 1  # noqa: E731
+    need = {"rows_as_requests": lambda r: 1, "two_rows_each": lambda r: 2}.get(mistake, rows)
+    joining = (lambda r: 1) if mistake == "rows_as_requests_admitted" else need
+    limit = None if mistake == "limit_ignored" else max_rows
+    gone = (lambda r, t: r["cancel_at"] is not None and r["cancel_at"] < t) if mistake == "cancel_late" else \
+        (lambda r, t: r["cancel_at"] is not None and r["cancel_at"] <= t)
+    arrived = {"arrival_ignored": lambda r, t: True, "arrival_late": lambda r, t: r["arrival"] < t}.get(
+        mistake, lambda r, t: r["arrival"] <= t)
     while pending or active:
-        active = [a for a in active if a[0]["cancel_at"] is None or a[0]["cancel_at"] > tick]
-        pending = [r for r in pending if r["cancel_at"] is None or r["cancel_at"] > tick]
-        used = sum(rows(a[0]) for a in active)
-        for r in sorted([r for r in pending if r["arrival"] <= tick], key=lambda r: r["arrival"]):
-            if max_rows is not None and used + rows(r) > max_rows:
+        if mistake == "freed_late":
+            used = sum(need(a[0]) for a in active)
+        active = [a for a in active if mistake == "cancel_kept" or not gone(a[0], tick)]
+        pending = [r for r in pending if not gone(r, tick)]
+        if mistake != "freed_late":
+            used = sum(need(a[0]) for a in active)
+        order = [r for r in pending if arrived(r, tick)]
+        for r in order if mistake == "list_order" else sorted(order, key=lambda r: r["arrival"]):
+            if limit is not None and (used + joining(r) >= limit + (mistake != "limit_strict")):
+                if mistake == "overtaking":
+                    continue
                 break
-            used += rows(r)
+            used += joining(r)
             pending.remove(r)
             active.append([r, 0])
         if active:
-            sizes.append(sum(2 if a[0]["guidance_scale"] > 1 else 1 for a in active))
+            members = [(a[0].get("id"), rows(a[0])) for a in active]
+            calls += [(tick, [m]) for m in members] if mistake == "call_each" else [(tick, members)]
             for a in active:
                 a[1] += 1
                 if a[1] == a[0]["num_inference_steps"]:
                     done.add(a[0].get("id"))
             active = [a for a in active if a[1] < a[0]["num_inference_steps"]]
         tick += 1
-    return sizes, done
+    return calls, done
+
+
+def _rule_mistake(requests, max_rows, got: list[int]) -> tuple[str, str] | None:
+    """The one mistake (RULE_MISTAKES' (name, hint)) whose schedule has exactly the learner's rows, call by call; None
+    where none or several do."""
+    fits = {RULE_MISTAKES[key] for key in RULE_MISTAKES
+            if [sum(rows for _id, rows in members) for _tick, members in _schedule(requests, max_rows, key)[0]] == got}
+    return fits.pop() if len(fits) == 1 else None
 
 
 SERVE_CASES = [
@@ -304,15 +365,30 @@ def _verify_batches(probe, requests, expected, max_rows):
 
         if mismatch(out, expected, SERVED_LATENTS):  # wrong latents: that failure (and its trap) speaks first
             return
-        want = expected_batches(requests, max_rows)
-        if probe.batch_sizes != want:
-            limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in order of arrival (ties: list "
-                     "order) while they fit, none overtaking one that waits" if max_rows is not None else "")
-            raise KataFailure(
-                f"  the denoiser's batches had {probe.batch_sizes} rows, call by call; the requests' rules give {want} "
-                f"(one call per tick with any active request; 2 rows for a request with CFG, 1 without; a request "
-                f"leaves at its cancel_at tick, before that tick's admissions and batch, or after its last step; it joins at the "
-                f"first tick ≥ its arrival{limit})")
+        got = list(probe.batch_sizes)
+        calls = _schedule(requests, max_rows)[0]
+        want = [sum(rows for _id, rows in members) for _tick, members in calls]
+        if got == want:
+            return
+        k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        if k < len(want):
+            tick, members = calls[k]
+            first = (f"call {k + 1} (tick {tick}): yours had {got[k] if k < len(got) else 'no call'} rows; the rules "
+                     f"give {want[k]}: " + ", ".join(f"{i} ({n} row{'s' if n > 1 else ''})" for i, n in members))
+        else:
+            first = f"call {k + 1}: yours made {len(got) - len(want)} more call(s) than the rules' {len(want)}"
+        limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in order of arrival (ties: list "
+                 "order) while they fit, none overtaking one that waits" if max_rows is not None else "")
+        message = (
+            f"  the denoiser's batches had {got} rows, call by call; the requests' rules give {want} (one call per "
+            f"tick with any active request; 2 rows for a request with CFG, 1 without; a request leaves at its "
+            f"cancel_at tick, before that tick's admissions and batch, or after its last step; it joins at the first "
+            f"tick ≥ its arrival{limit})\n  first difference: {first}")
+        named = _rule_mistake(requests, max_rows, got)
+        if named is not None:
+            name, hint = named
+            message += f"\n  trap: {name}\n    {hint}"
+        raise KataFailure(message)
     return verify
 
 

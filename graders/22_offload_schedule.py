@@ -18,6 +18,7 @@ are diffusers' ModuleGroups (found through the hooks it registers), and one forw
 ModuleGroup.onload_ / offload_ recorded, gives the peak and the bytes moved in.
 """
 import copy
+import functools
 import warnings
 
 import torch
@@ -58,6 +59,63 @@ def mixed_unet():
     return unet
 
 
+def t5_encoder():
+    """A tiny T5EncoderModel: its embedding is shared (model.shared is encoder.embed_tokens), one tensor reached
+    under two names, moved once."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2)).eval()
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(width, width) for _ in range(3)])
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+def stack_model():
+    """A model whose own children hold a block module (`head`, named in _group_offload_block_modules, with a list of
+    its own) and an nn.Sequential of blocks: one level with both kinds of candidate for the peak."""
+    return _stack_class()().eval().requires_grad_(False)
+
+
+@functools.cache
+def _stack_class():
+    from diffusers.configuration_utils import ConfigMixin, register_to_config
+    from diffusers.models.modeling_utils import ModelMixin
+
+    class StackModel(ModelMixin, ConfigMixin):
+        _group_offload_block_modules = ["head"]
+
+        @register_to_config
+        def __init__(self, width: int = 16):
+            super().__init__()
+            self.proj_in = torch.nn.Linear(8, width)
+            self.head = _Head(width)
+            self.blocks = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(5)])
+            self.proj_out = torch.nn.Linear(width, 8)
+
+        def forward(self, x):
+            return self.proj_out(self.blocks(self.head(self.proj_in(x))))
+
+        def __reduce__(self):  # the runner receives it pickled; the class is made here, not importable by name
+            return _rebuild_stack, (self.state_dict(),)
+
+    return StackModel
+
+
+def _rebuild_stack(state: dict):
+    model = stack_model()
+    model.load_state_dict(state)
+    return model
+
+
 MODELS = {
     "unet": lambda: tiny.unet_cond(),
     "unet float16": lambda: tiny.unet_cond().half(),
@@ -66,6 +124,8 @@ MODELS = {
     "clip text encoder": lambda: tiny.clip_text_encoder(2),
     "flux": flux_transformer,
     "flux bfloat16": lambda: flux_transformer(torch.bfloat16),
+    "t5 text encoder (shared embedding)": t5_encoder,
+    "stack (a block module and a Sequential)": stack_model,
 }
 
 
@@ -85,6 +145,8 @@ def forward(kind: str, model, g: torch.Generator) -> None:
             model(torch.randint(0, model.config.vocab_size, (1, 9), generator=g))
         elif kind == "vae":
             model(torch.randn(1, 3, 16, 16, generator=g))
+        elif kind.startswith("stack"):
+            model(torch.randn(2, 8, generator=g))
         else:
             raise ValueError(kind)
 
@@ -132,6 +194,22 @@ def _nbytes(module) -> int:
                         "module.parameters() and module.buffers().")
 def _(module):
     return _bytes(_tensors(module, buffers=False))
+
+
+@module_bytes.trap("state_dict() (non-persistent buffers left out, a shared tensor counted once per name)",
+                   hint="state_dict() is what a checkpoint saves, not what .to() moves: it leaves out non-persistent "
+                        "buffers (CLIPTextModel's position_ids) and lists a shared tensor under each of its names "
+                        "(T5's embedding). Sum over module.parameters() and module.buffers().")
+def _(module):
+    return _bytes(module.state_dict().values())
+
+
+@module_bytes.trap("a shared tensor counted once per name (remove_duplicate=False)",
+                   hint="T5's embedding is both model.shared and encoder.embed_tokens: one tensor, moved once. "
+                        "module.parameters() and module.buffers() yield each tensor once.")
+def _(module):
+    return _bytes([t for _, t in module.named_parameters(remove_duplicate=False)]
+                  + [t for _, t in module.named_buffers(remove_duplicate=False)])
 
 
 @module_bytes.trap("elements, not bytes (numel without element_size)",
@@ -336,7 +414,8 @@ def _(case, g):
 
 
 def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_release=False, per_call=False,
-           off_chain_released=False, peak_largest=False, release_last_called=False):
+           off_chain_released=False, peak_largest=False, release_last_called=False, load_first=False,
+           moved_every_call=False):
     order = list(offload_seq) if full_seq else [n for n in offload_seq if n in sizes]
     pred = dict(zip(order[1:], order))
     on, last = set(), None
@@ -351,10 +430,12 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
             leaving = {pred[c]} if pred.get(c) in on else set()
             if off_chain_released:
                 leaving |= {n for n in on if n not in order and n != c}
+        if load_first and c not in on:  # the newcomer in before the predecessor leaves: both count at the peak
+            out["peak_bytes"] = max(out["peak_bytes"], sum(sizes[n] for n in on | {c}))
         for n in leaving & on:
             on.discard(n)
             moved_out += sizes[n]
-        if c not in on:
+        if c not in on or moved_every_call:
             on.add(c)
             moved_in = sizes[c]
         out["resident"].append(sorted(on))
@@ -365,6 +446,20 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
         last = c
     out["released"] = 0 if no_release else sizes[calls[-1]] if release_last_called else sum(sizes[n] for n in on)
     return out
+
+
+@model_offload_trace.trap("a component's bytes counted in at every call, even while it is on the device",
+                          hint="The hook moves a component only when it is not there yet: the UNet's second and later "
+                               "steps find it on the device and move nothing (to_device 0).")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, moved_every_call=True)
+
+
+@model_offload_trace.trap("the next component loaded before its predecessor is released (the peak counts both)",
+                          hint="The hook offloads the chain predecessor first, then loads the component: the peak after "
+                               "a switch holds the newcomer without the one it replaces.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, load_first=True)
 
 
 @model_offload_trace.trap("the component that ran last released at each switch (not the chain predecessor)",
@@ -520,6 +615,9 @@ GROUP_CASES = [
     # CLIP's layers sit inside `encoder`: no list among the model's own children, so one resident part
     dict(model="clip text encoder", num_blocks_per_group=1),
     dict(model="vae", num_blocks_per_group=1),
+    # a Sequential among the model's own children, beside a block module: the peak is the larger of the two
+    # candidates on top of the resident part, never both
+    dict(model="stack (a block module and a Sequential)", num_blocks_per_group=2),
 ]
 
 
@@ -534,18 +632,19 @@ def _(case, g):
 
 
 def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, blocks_only=False,
-          no_block_modules=False, residents_together=False):
+          no_block_modules=False, residents_together=False, lists_only=False, both_on_top=False):
     """The solution's plan with one mistake switched on (the traps below)."""
     block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
     groups, sizes = [], []
+    kinds = torch.nn.ModuleList if lists_only else (torch.nn.ModuleList, torch.nn.Sequential)
 
     def plan(module, prefix):
-        on_top, grouped, lists = [], 0, []
+        on_top, grouped, lists, inner = [], 0, [], []
         for name, child in module.named_children():
             if name in block_modules:
-                on_top.append(plan(child, f"{prefix}{name}."))
+                inner.append(plan(child, f"{prefix}{name}."))
                 grouped += _nbytes(child)
-            elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            elif isinstance(child, kinds):
                 lists.append([(f"{prefix}{name}.{i}", block) for i, block in enumerate(child)])
         for items in [[item for items in lists for item in items]] if across else lists:
             for s in range(0, len(items), num_blocks_per_group):
@@ -554,7 +653,8 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
                 sizes.append(sum(_nbytes(b) for _, b in chunk))
                 on_top.append(sizes[-1])
                 grouped += on_top[-1]
-        return (0 if no_resident else _nbytes(module) - grouped) + max(on_top, default=0)
+        top = max(inner, default=0) + max(on_top, default=0) if both_on_top else max(inner + on_top, default=0)
+        return (0 if no_resident else _nbytes(module) - grouped) + top
 
     peak = plan(model, "")
     total = _nbytes(model)
@@ -563,11 +663,13 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
     return dict(groups=groups, peak_bytes=peak, bytes_per_forward=sum(sizes) if blocks_only else total)
 
 
-def _outermost_lists(model, num_blocks_per_group):
-    """Every ModuleList/Sequential not inside another one, at any depth, cut into groups; the rest resident."""
+def _lists_at_any_depth(model, num_blocks_per_group, *, outermost=True):
+    """Every ModuleList/Sequential at any depth (only those not inside another one, where `outermost`), cut into
+    groups; the rest resident."""
     found = [(name, child) for name, child in model.named_modules()
              if name and isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))]
-    found = [(n, c) for n, c in found if not any(n.startswith(f"{m}.") for m, _ in found if m != n)]
+    if outermost:
+        found = [(n, c) for n, c in found if not any(n.startswith(f"{m}.") for m, _ in found if m != n)]
     groups, sizes = [], []
     for name, child in found:
         for s in range(0, len(child), num_blocks_per_group):
@@ -591,7 +693,15 @@ def _(model, num_blocks_per_group):
                               "list inside another child (the UNet's mid_block.resnets, CLIP's encoder.layers) moves "
                               "with that child, as part of the resident part.")
 def _(model, num_blocks_per_group):
-    return _outermost_lists(model, num_blocks_per_group)
+    return _lists_at_any_depth(model, num_blocks_per_group)
+
+
+@group_offload_plan.trap("every ModuleList at any depth grouped (lists inside blocks too)",
+                         hint="Block-level offloading cuts only a module's own children that are lists: the blocks "
+                              "inside a list's block (a down block's resnets) move with their block, not as groups "
+                              "of their own.")
+def _(model, num_blocks_per_group):
+    return _lists_at_any_depth(model, num_blocks_per_group, outermost=False)
 
 
 @group_offload_plan.trap("peak of the largest group alone (the resident part left out)",
@@ -614,6 +724,21 @@ def _(model, num_blocks_per_group):
                               "so the encoder's down_blocks are groups and only one part of the VAE is in at a time.")
 def _(model, num_blocks_per_group):
     return _plan(model, num_blocks_per_group, no_block_modules=True)
+
+
+@group_offload_plan.trap("nn.Sequential children not grouped (ModuleList only)",
+                         hint="Block-level offloading cuts both kinds of block list into groups: a ModuleList and an "
+                              "nn.Sequential among a module's own children.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, lists_only=True)
+
+
+@group_offload_plan.trap("a block module's peak and the largest group both counted on top of the resident part",
+                         hint="A block module's forward and a group's are never on the device together: each is a "
+                              "candidate, and the peak is the resident part plus the largest candidate, not the sum "
+                              "of the largest of each kind.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, both_on_top=True)
 
 
 @group_offload_plan.trap("every resident part on the device for the whole forward (a block module's counted outside "

@@ -122,10 +122,12 @@ def _(case, g):
                     label=f"{case['scheduler']} (order {s.order}), {steps} of {case['n']} steps kept")
 
 
-def _kept(scheduler, n, t_start, *, order=True, head=False, count_timesteps=False):
+def _kept(scheduler, n, t_start, *, order=True, head=False, count_timesteps=False, begin_unordered=False,
+          steps=None):
     begin = t_start * (scheduler.order if order else 1)
     timesteps = scheduler.timesteps[:len(scheduler.timesteps) - begin] if head else scheduler.timesteps[begin:]
-    return timesteps, (len(timesteps) if count_timesteps else n - t_start), begin
+    count = steps if steps is not None else len(timesteps) if count_timesteps else n - t_start
+    return timesteps, count, t_start if begin_unordered else begin
 
 
 def _sd_start(n, strength):
@@ -168,6 +170,32 @@ def _(scheduler, num_inference_steps, strength, pipeline="sd"):
 def _(scheduler, num_inference_steps, strength, pipeline="sd"):
     return _kept(scheduler, num_inference_steps, _start(pipeline, num_inference_steps, strength),
                  count_timesteps=True)
+
+
+@img2img_timesteps.trap("SD3's t_start as int(n·(1 − s)) (1 − s rounds: n·(1 − s) is not n − n·s)",
+                        hint="SD3 computes t_start = int(max(n − n·s, 0)): n·s first, then the difference. "
+                             "n·(1 − s) rounds 1 − s first (1 − 0.8 = 0.19999999999999996), and int() of 0.99…98 "
+                             "is 0, not 1: one more step kept than the pipeline's.")
+def _(scheduler, num_inference_steps, strength, pipeline="sd"):
+    n = num_inference_steps
+    t_start = int(max(n * (1 - strength), 0)) if pipeline == "sd3" else _sd_start(n, strength)
+    return _kept(scheduler, n, t_start)
+
+
+@img2img_timesteps.trap("begin_index returned as t_start, not t_start·order",
+                        hint="The third value is the index of the first kept timestep in scheduler.timesteps: with "
+                             "Heun (order 2) that is t_start·order, the same index the slice starts at.")
+def _(scheduler, num_inference_steps, strength, pipeline="sd"):
+    return _kept(scheduler, num_inference_steps, _start(pipeline, num_inference_steps, strength),
+                 begin_unordered=True)
+
+
+@img2img_timesteps.trap("the step count as int(n·s) (SD's k), not n − t_start",
+                        hint="The steps that run are n − t_start: for SD that is k = int(n·s), but SD3 truncates "
+                             "t_start instead, which keeps one more step whenever n·s is not whole.")
+def _(scheduler, num_inference_steps, strength, pipeline="sd"):
+    n = num_inference_steps
+    return _kept(scheduler, n, _start(pipeline, n, strength), steps=min(int(n * strength), n))
 
 
 # ---- img2img_latents ------------------------------------------------------------------------------------
@@ -227,7 +255,7 @@ def _(case, g):
 
 
 def _latents(vae, scheduler, image, timestep, generator, pipeline="sd", *, noise_first=False, mode=False,
-             unscaled=False, shift_after=False, no_shift=False):
+             unscaled=False, shift_after=False, no_shift=False, divided=False, swapped=False):
     """prepare_latents with one misconception switched on (for traps)."""
     dist = vae.encode(image).latent_dist
     noise = torch.randn(dist.mean.shape, generator=generator) if noise_first else None
@@ -238,8 +266,10 @@ def _latents(vae, scheduler, image, timestep, generator, pipeline="sd", *, noise
     elif pipeline == "sd3":
         z = z * s if no_shift else (z * s - shift if shift_after else (z - shift) * s)
     else:
-        z = z * s
+        z = z / s if divided else z * s
     noise = torch.randn(z.shape, generator=generator) if noise is None else noise
+    if swapped:
+        return scheduler.scale_noise(noise, timestep, z) if pipeline == "sd3" else scheduler.add_noise(noise, z, timestep)
     return scheduler.scale_noise(z, timestep, noise) if pipeline == "sd3" else scheduler.add_noise(z, noise, timestep)
 
 
@@ -261,6 +291,12 @@ _latent_trap("the VAE's scaling_factor forgotten",
              unscaled=True)
 _latent_trap("SD3's shift after the scaling: z·scaling_factor − shift_factor",
              "SD3 shifts first, then scales: (z − shift_factor)·scaling_factor.", shift_after=True)
+_latent_trap("the latents divided by scaling_factor (the decoder's way)",
+             "Encoding multiplies by vae.config.scaling_factor; dividing by it is what the decoder's input does.",
+             divided=True)
+_latent_trap("the latent and the noise swapped in add_noise / scale_noise",
+             "add_noise(original_samples, noise, timesteps) and scale_noise(sample, timestep, noise): the latent "
+             "goes first in add_noise, the noise in the middle; scale_noise takes the timestep second.", swapped=True)
 _latent_trap("SD3's shift_factor ignored",
              "SD3's VAE is shifted: (z − vae.config.shift_factor)·vae.config.scaling_factor.", no_shift=True)
 
@@ -335,7 +371,7 @@ def _(case, g):
 
 
 def _mask_latents(vae, image, mask, generator, do_classifier_free_guidance, *, keep_masked=False, mode="nearest",
-                  no_double=False, unscaled=False, inverted=False):
+                  no_double=False, unscaled=False, inverted=False, interleaved=False):
     f = 2 ** (len(vae.config.block_out_channels) - 1)
     H, W = image.shape[-2:]
     masked = image * (mask >= 0.5) if keep_masked else image * (mask < 0.5)
@@ -343,7 +379,10 @@ def _mask_latents(vae, image, mask, generator, do_classifier_free_guidance, *, k
     m = 1 - m if inverted else m
     z = vae.encode(masked).latent_dist.sample(generator) * (1.0 if unscaled else vae.config.scaling_factor)
     if do_classifier_free_guidance and not no_double:
-        m, z = torch.cat([m] * 2), torch.cat([z] * 2)
+        if interleaved:
+            m, z = m.repeat_interleave(2, dim=0), z.repeat_interleave(2, dim=0)
+        else:
+            m, z = torch.cat([m] * 2), torch.cat([z] * 2)
     return m, z
 
 
@@ -365,6 +404,9 @@ _mask_trap("the mask inverted at latent size (1 − mask)",
 _mask_trap("mask and masked latents not doubled under guidance",
            "Under classifier-free guidance the UNet sees 2B samples: torch.cat([x] * 2) for the mask and the masked "
            "image's latents too.", no_double=True)
+_mask_trap("doubled image by image (repeat_interleave), not batch after batch",
+           "The UNet's batch is [unconditional batch, conditional batch]: torch.cat([x] * 2) puts the whole batch "
+           "twice, in order; repeat_interleave(2) pairs each image with itself.", interleaved=True)
 _mask_trap("the masked image's latents not scaled",
            "Encode the masked image like any image: its sample times vae.config.scaling_factor.", unscaled=True)
 
@@ -480,8 +522,10 @@ def _(case, g):
 
 
 def _unet_input(latents, mask, masked_image_latents, scheduler, t, do_classifier_free_guidance, *, scale_all=False,
-                order=("x", "mask", "masked"), no_double=False):
+                order=("x", "mask", "masked"), no_double=False, unscaled=False):
     x = torch.cat([latents] * 2) if do_classifier_free_guidance and not no_double else latents
+    if unscaled:
+        return torch.cat([x, mask[:len(x)], masked_image_latents[:len(x)]], dim=1)
     if scale_all:
         return scheduler.scale_model_input(torch.cat([x, mask[:len(x)], masked_image_latents[:len(x)]], dim=1), t)
     parts = dict(x=scheduler.scale_model_input(x, t), mask=mask[:len(x)], masked=masked_image_latents[:len(x)])
@@ -502,6 +546,14 @@ def _(latents, mask, masked_image_latents, scheduler, t, do_classifier_free_guid
 def _(latents, mask, masked_image_latents, scheduler, t, do_classifier_free_guidance):
     return _unet_input(latents, mask, masked_image_latents, copy.deepcopy(scheduler), t, do_classifier_free_guidance,
                        order=("x", "masked", "mask"))
+
+
+@inpaint_unet_input.trap("scheduler.scale_model_input skipped",
+                         hint="The latents go through scheduler.scale_model_input(x, t) before stacking (Euler "
+                              "divides them by √(σ² + 1); DDIM returns them as they are, which is why it can hide).")
+def _(latents, mask, masked_image_latents, scheduler, t, do_classifier_free_guidance):
+    return _unet_input(latents, mask, masked_image_latents, copy.deepcopy(scheduler), t, do_classifier_free_guidance,
+                       unscaled=True)
 
 
 @inpaint_unet_input.trap("the latents not doubled under guidance",
@@ -569,6 +621,16 @@ def _(latents, image_latents, noise, mask, scheduler, timesteps, i):
     # (Euler's add_noise reads its σ from the step index after the first step, not from the timestep: there this
     # mistake gives the right answer; DDIM's shows it)
     return _blend(latents, image_latents, noise, mask, copy.deepcopy(scheduler), timesteps, i, at=0)
+
+
+@blend_known_region.trap("the known region put back clean one step early (at the last step but one)",
+                         hint="Only after the LAST step (i == len(timesteps) − 1) is the loop at t = 0; after the "
+                              "step before, it is at the last timestep, and the known region carries its noise.")
+def _(latents, image_latents, noise, mask, scheduler, timesteps, i):
+    n = len(timesteps)
+    if i == n - 2:
+        return (1 - mask) * image_latents + mask * latents
+    return _blend(latents, image_latents, noise, mask, copy.deepcopy(scheduler), timesteps, i)
 
 
 @blend_known_region.trap("the known region noised after the last step too",

@@ -135,7 +135,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **({} if eta is None else {"eta": eta})).prev_sample
      return x
      """,
-     "Call scheduler.set_timesteps(num_inference_steps) before the loop"),
+     "trap: set_timesteps not called: the scheduler's earlier schedule used"),
     ("sampling_loop", "the UNet called twice per step",
      """
      scheduler.set_timesteps(num_inference_steps)
@@ -147,7 +147,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample
      return x
      """,
-     "two UNet calls for one step"),
+     "trap: the UNet called twice per step"),
     ("sampling_loop", "range(n) instead of the timesteps",
      """
      scheduler.set_timesteps(num_inference_steps)
@@ -158,7 +158,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample
      return x
      """,
-     "is the loop index"),
+     "trap: the loop index as the timestep (range(n))"),
     ("sampling_loop", "the loop index passed to scheduler.step",
      """
      scheduler.set_timesteps(num_inference_steps)
@@ -169,7 +169,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, i, x, generator=generator, **kw).prev_sample
      return x
      """,
-     "Pass the same t to both"),
+     "trap: the loop index passed to scheduler.step"),
     ("sampling_loop", "the timesteps reversed",
      """
      scheduler.set_timesteps(num_inference_steps)
@@ -180,7 +180,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample
      return x
      """,
-     "backwards"),
+     "the schedule walked backwards"),
     ("sampling_loop", "the last step skipped",
      """
      scheduler.set_timesteps(num_inference_steps)
@@ -191,7 +191,7 @@ CALL_MUTANTS = [
              x = scheduler.step(unet(x, t).sample, t, x, generator=generator, **kw).prev_sample
      return x
      """,
-     "Not visited"),
+     "trap: the loop stopped before the schedule's end"),
     ("sampling_loop", "no torch.no_grad()",
      """
      scheduler.set_timesteps(num_inference_steps)

@@ -54,6 +54,38 @@ MUTANTS = [
             out.select(dim, y).copy_(first.select(dim, y) * (1 - y / e) + second.select(dim, y) * (y / e))
         return out
      """, "blended with `first`'s leading edge"),
+    ("blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        out = second.clone()
+        for y in range(e):
+            w = (y + 1) / e
+            out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - w) + second.select(dim, y) * w)
+        return out
+     """, "the weights one slice on: (y + 1)/E"),
+    ("blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        out = second.clone()
+        weights = torch.linspace(0, 1, e).tolist()
+        for y in range(e):
+            w = weights[y]
+            out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - w) + second.select(dim, y) * w)
+        return out
+     """, "the weights as linspace(0, 1, E)"),
+    ("tiled_decode",  # each tile straight into the decoder
+     changed("tiled_decode", "            if vae.config.use_post_quant_conv:\n                tile = vae.post_quant_conv(tile)\n",
+             ""), "post_quant_conv skipped"),
+    ("sliced_decode",  # the pipeline's unscaling done again inside decode
+     changed("sliced_decode", "z = latents[b:b + 1]", "z = latents[b:b + 1] / vae.config.scaling_factor"),
+     "the latents divided by scaling_factor first"),
+    ("chunked_attention", changed("chunked_attention", "s = 1 / math.sqrt(d) if scale is None else scale",
+                                  "s = 1 / d if scale is None else scale"), "the scale 1/d instead of 1/√d"),
+    ("chunked_attention", changed("chunked_attention", 'scores.masked_fill(~m, float("-inf"))',
+                                  'scores.masked_fill(m, float("-inf"))'), "the bool mask read the other way"),
+    ("chunked_attention", changed("chunked_attention", 'scores.masked_fill(~m, float("-inf"))',
+                                  "scores + m.to(scores.dtype)"), "the bool mask added to the scores as 0/1"),
+    ("chunked_attention",  # a softmax over only −inf left as it is: NaN rows where SDPA gives 0
+     changed("chunked_attention", "            weights = weights.masked_fill(~m.any(dim=-1, keepdim=True), 0.0)\n",
+             "            pass\n"), "a query whose keys are all masked left as NaN"),
     ("tiled_decode", """
         vsf = 2 ** (len(vae.config.block_out_channels) - 1)
         t = tile_latent_size
@@ -153,7 +185,7 @@ def test_naive_attention_is_correct_but_over_the_chunking_budget(grade_mutant):
         scores = query @ key.transpose(-2, -1) * s
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-        return scores.softmax(-1) @ value
+        return scores.softmax(-1).nan_to_num() @ value  # a query with every key masked: 0, as SDPA
     """)
     assert graded.status == "over budget", graded
 
@@ -186,7 +218,8 @@ def test_blending_into_the_callers_tile_in_place_fails(grade_mutant):
 
 
 def test_a_wrong_tiled_decode_writes_a_difference_image(grade_mutant, pytester):
-    graded = grade_mutant(LAB, "tiled_decode", MUTANTS[2][1], "-m", "not budget")
+    unblended = next(body for function, body, expect in MUTANTS if expect == "tiles cropped and placed without blending")
+    graded = grade_mutant(LAB, "tiled_decode", unblended, "-m", "not budget")
     assert "difference image" in graded.text
     assert list((pytester.path / ".kata" / "diffs").glob("tiled_decode-*.png"))
 
@@ -231,7 +264,7 @@ FLOAT64_CHUNKED_ATTENTION = """
         if mask is not None:
             m = mask[..., a:a + chunk_size, :]
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
-        out[..., a:a + chunk_size, :] = (scores.softmax(-1) @ v64).to(out.dtype)
+        out[..., a:a + chunk_size, :] = (scores.softmax(-1).nan_to_num() @ v64).to(out.dtype)  # no key left: 0
     return out
 """
 

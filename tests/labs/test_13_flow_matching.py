@@ -79,6 +79,9 @@ MUTANTS = [
     ("resolution_mu", mu_body(tokens="(height // vae_scale_factor) * (width // vae_scale_factor)"),
      "μ from the latent pixel count"),
     ("resolution_mu", mu_body(mu="base_shift + m * tokens"), "the line anchored at 0 tokens"),
+    ("resolution_mu",  # the line clamped between its two anchors
+     mu_body(mu="min(max(base_shift + m * (tokens - base_image_seq_len), base_shift), max_shift)"),
+     "μ clamped to [base_shift, max_shift]"),
     ("resolution_mu", mu_body(mu="math.exp(base_shift + m * (tokens - base_image_seq_len))"),
      "returned the shift e^μ instead of μ"),
     ("resolution_mu",  # SD3/Flux's 16 pixels per token hard-coded: wrong for any other VAE or patch size
@@ -86,6 +89,7 @@ MUTANTS = [
     ("resolution_mu",  # the slope upside down
      mu_body(slope="(max_image_seq_len - base_image_seq_len) / (max_shift - base_shift)"), Fails("wrong", "expected")),
     ("time_shift", shift_body(s="mu"), "'exponential' with μ instead of e^μ"),
+    ("time_shift", shift_body(out="s / (s + 1 / sigmas)"), "the −1 left out"),
     ("time_shift", shift_body(s="math.exp(mu)"), "'linear' with e^μ"),
     ("time_shift", shift_body(s="mu if time_shift_type == 'exponential' else math.exp(mu)"),
      "the two types swapped"),
@@ -103,12 +107,11 @@ MUTANTS = [
     ("scale_noise", noise_body(index="torch.arange(sample.shape[0])"), "σ indexed by batch position"),
     ("scale_noise", noise_body(sigma="timestep.float().reshape(-1, 1, 1, 1)"), "the timestep used as σ"),
     ("scale_noise",  # the σ of the next step (off by one in the schedule)
-     noise_body(index="(timesteps[None, :] == timestep[:, None]).long().argmax(1) + 1"),
-     Fails("wrong", "values differ")),
+     noise_body(index="(timesteps[None, :] == timestep[:, None]).long().argmax(1) + 1"), "σ one index on"),
     ("scale_noise",  # left in float32 for float16 latents
      noise_body(cast=""), Fails("wrong", "has dtype")),
     ("scale_noise",  # σ = t/1000: right wherever num_train_timesteps is 1000 (timesteps are σ·T)
-     noise_body(sigma="(timestep.float() / 1000).reshape(-1, 1, 1, 1)"), Fails("wrong", "values differ")),
+     noise_body(sigma="(timestep.float() / 1000).reshape(-1, 1, 1, 1)"), "σ = t / 1000"),
     ("flow_euler_step",
      """
      x, v = sample.float(), model_output.float()

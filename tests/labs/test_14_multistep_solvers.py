@@ -57,14 +57,18 @@ MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("dpm_lambda", "return torch.log(alpha_prod) - torch.log(1 - alpha_prod)", "λ from ᾱ instead of √ᾱ"),
     ("dpm_lambda", "a, s = alpha_sigma(alpha_prod)\nreturn torch.log(s) - torch.log(a)", "λ = log(σ/α): the sign flipped"),
-    ("dpm_lambda",  # √ on one side only: no trap, a plain mismatch
-     "return torch.log(alpha_prod ** 0.5) - torch.log(1 - alpha_prod)", Fails("wrong", "values differ")),
+    ("dpm_lambda",  # √ on one side only
+     "return torch.log(alpha_prod ** 0.5) - torch.log(1 - alpha_prod)", "the square root on ᾱ only"),
     ("dpm_lambda",  # base-10 logs
      "a, s = alpha_sigma(alpha_prod)\nreturn torch.log10(a) - torch.log10(s)", Fails("wrong", "values differ")),
     # ---- data_prediction
     ("data_prediction", "return model_output.clone()", "the model output returned as x̂0"),
     ("data_prediction", "return (sample - (1 - alpha_prod_t) * model_output) / alpha_prod_t", "ᾱ_t used where √ᾱ_t belongs"),
     ("data_prediction", "return sample - (1 - alpha_prod_t) ** 0.5 * model_output", "x_t − σ_t·ε̂ without dividing by α_t"),
+    ("data_prediction", "a, s = alpha_sigma(alpha_prod_t)\nreturn (sample - a * model_output) / s",
+     "α_t and σ_t swapped"),
+    ("data_prediction", "a, s = alpha_sigma(alpha_prod_t)\nreturn sample - s * model_output / a",
+     "x_t − σ_t·ε̂/α_t: only the noise term divided"),
     ("data_prediction",  # the noise added instead of removed
      "a, s = alpha_sigma(alpha_prod_t)\nreturn (sample + s * model_output) / a", Fails("wrong", "values differ")),
     # ---- first_order_update
@@ -77,6 +81,9 @@ MUTANTS = [
     ("first_order_update",
      FIRST_HEAD + "return ((alpha_t / alpha_s) * x - (sigma_t * (torch.exp(h) - 1.0)) * x0_pred).to(sample.dtype)\n",
      "the noise-prediction (DPM-Solver) update fed x̂0"),
+    ("first_order_update", FIRST_HEAD + FIRST_TAIL.replace("x - (alpha_t", "x + (alpha_t"), "the x̂0 term's sign flipped"),
+    ("first_order_update", FIRST_HEAD + FIRST_TAIL.replace("(sigma_t / sigma_s)", "(alpha_t / alpha_s)"),
+     "α_t/α_s on the sample instead of σ_t/σ_s"),
     ("first_order_update",  # the σ ratio upside down
      FIRST_HEAD + FIRST_TAIL.replace("(sigma_t / sigma_s)", "(sigma_s / sigma_t)"), Fails("wrong", "")),
     ("first_order_update",  # float16 in, float32 out: the cast back forgotten
@@ -93,6 +100,13 @@ MUTANTS = [
      "λ from ᾱ instead of √ᾱ (h doubled)"),
     ("second_order_update", SECOND_HEAD + SECOND_TAIL.replace(" - 0.5 * c * D1", ""), "the D1 correction dropped"),
     ("second_order_update", SECOND_HEAD.replace("(1.0 / r0)", "r0") + SECOND_TAIL, "D1 = r0·(m0 − m1)"),
+    ("second_order_update", SECOND_HEAD.replace("D1 = (1.0 / r0) * (m0 - m1)", "D1 = m0 - m1") + SECOND_TAIL,
+     "D1 = m0 − m1 without the 1/r0"),
+    ("second_order_update", SECOND_HEAD.replace("h, h_0 = l_t - l_s0, l_s0 - l_s1", "h, h_0 = l_t - l_s0, l_s1 - l_s0")
+     + SECOND_TAIL, "h_0 sign flipped"),
+    ("second_order_update", SECOND_HEAD.replace("a_s0, a_s1 = alpha_prods[-1], alpha_prods[-2]",
+                                                "a_s0, a_s1 = alpha_prods[0], alpha_prods[1]") + SECOND_TAIL,
+     "alpha_prods read newest first"),
     ("second_order_update", SECOND_HEAD + SECOND_TAIL.replace("0.5 * c * D1", "c * D1"), "the ½ of the midpoint rule"),
     ("second_order_update",
      SECOND_HEAD + "return ((sigma_t / sigma_s0) * x - c * m0 + alpha_t * ((torch.exp(-h) - 1.0) / h + 1.0) * D1)"
@@ -102,6 +116,9 @@ MUTANTS = [
     # ---- dpm_solver_sample
     ("dpm_solver_sample", LOOP_HEAD.replace("x0 = data_prediction(denoiser(x, t), x, a_s)", "x0 = denoiser(x, t)")
      + LOOP_STEP, "ε used where x̂0 belongs"),
+    ("dpm_solver_sample", LOOP_HEAD.replace("x0 = data_prediction(denoiser(x, t), x, a_s)",
+                                            "eps = denoiser(x, t)\n    x0 = data_prediction(eps, x, a_s)").replace(
+        "(x0s + [x0])[-2:]", "(x0s + [eps])[-2:]") + LOOP_STEP, "the history holds the denoiser's ε̂, not x̂0"),
     ("dpm_solver_sample",  # "no history? use the current x̂0 twice"
      LOOP_HEAD + LOOP_STEP.replace("if i == 0 or lower_final:", "if lower_final:").replace(
          "x = second_order_update(x0s, x, abars, a_t)",
@@ -193,7 +210,7 @@ def test_a_first_order_loop_fails_the_convergence_check_with_its_measured_order(
     assert graded.status == "failed", graded
     assert "★ convergence order" in graded.text and "measured convergence order p = log2(e_N / e_2N) = 0.9" in graded.text, \
         graded.text
-    assert "first order: a second-order solver that only ever takes first-order steps" in graded.text
+    assert "first order: the loop converges like one that only ever takes first-order steps" in graded.text
 
 
 def test_the_right_loop_passes_the_convergence_check_alone(grade_mutant):
@@ -215,3 +232,13 @@ def test_changing_the_sample_in_place_fails_even_with_the_right_values(grade_mut
     graded = grade_mutant(LAB, "dpm_solver_sample", LOOP_HEAD + LOOP_STEP.replace("return x", "return sample.copy_(x)"))
     assert graded.status == "failed"
     assert "changed its input(s) sample in place" in graded.text
+
+
+def test_a_formula_mistake_of_roundings_size_in_float16_is_named_not_called_a_precision_problem(grade_mutant):
+    # D1 without its 1/r0 is off by little where the two steps are about as long in λ: in float16 its error is of
+    # rounding's size, which alone reads as precision; the trap explains it, and the precision note is withdrawn
+    body = SECOND_HEAD.replace("D1 = (1.0 / r0) * (m0 - m1)", "D1 = m0 - m1") + SECOND_TAIL
+    graded = grade_mutant(LAB, "second_order_update", body, "-k", "second_order_update and float16")
+    assert graded.status == "failed", graded
+    assert "trap: D1 = m0 − m1 without the 1/r0" in graded.text, graded.text
+    assert "a precision problem, not the formula" not in graded.text, graded.text

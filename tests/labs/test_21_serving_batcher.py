@@ -123,19 +123,38 @@ MUTANTS = [
      "one generator for every request's initial noise"),
     ("serve", serve_body(noise=""), "initial latents not scaled by the request's scheduler's init_noise_sigma"),
     ("serve",  # every request admitted at tick 0, arrival ignored: right latents, the wrong batches
-     serve_body(admit="True"), Fails("wrong", "rows, call by call")),
+     serve_body(admit="True"), "every request admitted from tick 0, its arrival ignored"),
+    ("serve",  # admitted the tick after arrival
+     serve_body(admit="r['arrival'] < tick"), "a request admitted the tick after its arrival"),
+    ("serve",  # cancelled one tick late: still in the batch of its cancel_at tick
+     serve_body(alive="r['cancel_at'] is None or r['cancel_at'] >= tick"),
+     "a request cancelled at tick t still in that tick's batch"),
     ("serve",  # a cancelled request kept in the batch to its end, its result dropped
-     serve_body(keep_result="False"), Fails("wrong", "rows, call by call")),
+     serve_body(keep_result="False"), "a cancelled request kept in the batches to its last step"),
+    ("serve",  # the rows in use counted before the cancelled requests leave: their rows free up a tick late
+     serve_body().replace("        used = sum(2 if a['r']['guidance_scale'] > 1 else 1 for a in active if not a['cancelled'])\n",
+                          "").replace("        active = [a for a in active if not a['cancelled']",
+                                      "        used = sum(2 if a['r']['guidance_scale'] > 1 else 1 for a in active)\n"
+                                      "        active = [a for a in active if not a['cancelled']"),
+     "a cancelled request's rows freed only after that tick's admissions"),
     ("serve",  # a cancelled request's latents returned as if it had finished
      serve_body(alive="True"), Fails("wrong", "")),
     ("serve",  # one denoiser call per request: right latents, the wrong cost
-     serve_body(call="each"), Fails("wrong", "rows, call by call")),
+     serve_body(call="each"), "one denoiser call per request, not one per tick"),
     ("serve",  # max_rows counted in requests, not rows: two CFG requests and a third in a batch of 4 "requests"
-     serve_body(need="1"), Fails("wrong", "max_rows = 4")),
+     serve_body(need="1"), "max_rows counted in requests, not rows"),
+    ("serve",  # every request as two rows, CFG or not
+     serve_body(need="2"), "every request counted as 2 rows toward max_rows"),
+    ("serve",  # max_rows never read
+     serve_body(full="pass"), "max_rows ignored"),
+    ("serve",  # a request that would fill the batch exactly is refused
+     serve_body().replace("used + need > max_rows", "used + need >= max_rows"),
+     "a request that exactly fills max_rows refused"),
     ("serve",  # a request that fits overtakes one that waits
-     serve_body(full="continue"), Fails("wrong", "none overtaking one that waits")),
+     serve_body(full="continue"), "a request that fits admitted past one that waits"),
     ("serve",  # admitted in list order instead of order of arrival
-     serve_body().replace("key=lambda r: r['arrival']", "key=lambda r: 0"), Fails("wrong", "in order of arrival")),
+     serve_body().replace("key=lambda r: r['arrival']", "key=lambda r: 0"),
+     "requests admitted in list order, not in order of arrival"),
     ("serve",  # the scale read before set_timesteps
      serve_body().replace("            own.set_timesteps(r['num_inference_steps'])\n",
                           "").replace("x = torch.randn(", "own_sigma = own.init_noise_sigma\n            "
@@ -214,3 +233,19 @@ def test_the_cases_vary_what_the_lesson_teaches():
     assert any(c["scheduler"] == "euler" and len({s[1] for s in c["specs"]}) < len(c["specs"])
                for c in grader.SERVE_CASES)
     assert len({s[1] for s in specs}) >= 3
+
+
+def test_every_admission_rule_mistake_shows_in_some_case_and_is_told_apart_where_it_first_does():
+    # the cases are chosen so that each wrong rule changes the batches somewhere, and at the first case where it
+    # does, no other wrong rule gives the same rows (that case's failure names it)
+    grader = _grader()
+    g = torch.Generator().manual_seed(0)
+    cases = [(grader.make_requests(c["specs"], g), c.get("max_rows")) for c in grader.SERVE_CASES]
+    for key, (name, _hint) in grader.RULE_MISTAKES.items():
+        for requests, max_rows in cases:
+            rows = [sum(n for _id, n in members) for _tick, members in grader._schedule(requests, max_rows, key)[0]]
+            if rows != grader.expected_batches(requests, max_rows):
+                assert grader._rule_mistake(requests, max_rows, rows) == (name, _hint), key
+                break
+        else:
+            raise AssertionError(f"no case shows the mistake {key!r}")

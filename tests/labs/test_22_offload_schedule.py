@@ -123,9 +123,24 @@ MUTANTS = [
      "elements, not bytes (numel without element_size)"),
     ("module_bytes", "return sum(t.numel() * 4 for t in [*module.parameters(), *module.buffers()])",
      "4 bytes per element whatever the dtype"),
-    ("module_bytes",  # the state dict leaves out non-persistent buffers (CLIP's position_ids): parameters only
+    ("module_bytes",  # the state dict leaves out non-persistent buffers (CLIP's position_ids), lists T5's shared
+     # embedding twice
      "return sum(v.numel() * v.element_size() for v in module.state_dict().values())",
-     "parameters only, or state_dict() (every buffer is moved, non-persistent ones too)"),
+     "state_dict() (non-persistent buffers left out, a shared tensor counted once per name)"),
+    ("module_bytes",  # every name's tensor: T5's shared embedding twice
+     "return sum(t.numel() * t.element_size() for _, t in [*module.named_parameters(remove_duplicate=False), "
+     "*module.named_buffers(remove_duplicate=False)])",
+     "a shared tensor counted once per name (remove_duplicate=False)"),
+    ("group_offload_plan",  # ModuleList only: an nn.Sequential of blocks left in the resident part
+     plan_body().replace("isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))",
+                         "isinstance(child, torch.nn.ModuleList)"),
+     "nn.Sequential children not grouped (ModuleList only)"),
+    ("group_offload_plan",  # the largest block-module peak AND the largest group on top of the resident part
+     plan_body(inner="plan(child, prefix + name + '.')").replace(
+         "on_top, grouped = [], 0", "on_top, grouped, heads = [], 0, []").replace(
+         "on_top.append(plan(child, prefix + name + '.'))", "heads.append(plan(child, prefix + name + '.'))").replace(
+         "max(on_top, default=0)", "max(heads, default=0) + max(on_top, default=0)"),
+     "a block module's peak and the largest group both counted on top of the resident part"),
     ("module_bytes",  # a float where the reference counts bytes as an int
      "return float(sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]))",
      Fails("wrong", "should be the integer")),
@@ -138,10 +153,31 @@ MUTANTS = [
      "the component that ran last released at each switch (not the chain predecessor)"),
     ("model_offload_trace", trace_body(released="sizes[calls[-1]]"),
      "only the last component called released at the end"),
+    ("model_offload_trace",  # the component's bytes counted in even when it is already on the device
+     trace_body().replace("        if c not in on:\n            on.add(c)\n            moved_in = sizes[c]\n",
+                          "        on.add(c)\n        moved_in = sizes[c]\n"),
+     "a component's bytes counted in at every call"),
+    ("model_offload_trace",  # the newcomer loaded before the predecessor leaves: the peak holds both
+     trace_body().replace("        if pred.get(c) in on:\n",
+                          "        if c not in on:\n"
+                          "            out['peak_bytes'] = max(out['peak_bytes'], sum(sizes[n] for n in on | {c}))\n"
+                          "        if pred.get(c) in on:\n"),
+     "the next component loaded before its predecessor is released"),
     ("model_offload_trace",  # the peak read before the call's moves: one call late
      trace_body(peak="sum(sizes[n] for n in on) if on else 0", peak_first=True), Fails("wrong", "peak_bytes")),
     ("model_offload_trace",  # released as every component's bytes, whether it was on the device or not
      trace_body(released="sum(sizes.values())"), Fails("wrong", "released")),
+    ("group_offload_plan", """
+     groups, sizes = [], []
+     for name, child in model.named_modules():
+         if name and isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+             for s in range(0, len(child), num_blocks_per_group):
+                 blocks = list(child[s:s + num_blocks_per_group])
+                 groups.append([f"{name}.{s + i}" for i in range(len(blocks))])
+                 sizes.append(sum(module_bytes(b) for b in blocks))
+     total = module_bytes(model)
+     return dict(groups=groups, peak_bytes=total - sum(sizes) + max(sizes, default=0), bytes_per_forward=total)
+     """, "every ModuleList at any depth grouped"),
     ("group_offload_plan", plan_body(blocks="set()"),
      "the model's block modules ignored (_group_offload_block_modules kept whole)"),
     ("group_offload_plan", plan_body(resident="0"), "peak of the largest group alone (the resident part left out)"),

@@ -79,7 +79,12 @@ MUTANTS = [
      "the head of the schedule kept"),
     ("img2img_timesteps", timesteps_body(steps="len(scheduler.timesteps) - begin"), "steps counted as timesteps"),
     ("img2img_timesteps",  # SD3's start as int(n·(1 − s)): 1 − 0.8 = 0.19999999999999996, so n = 5 keeps 5, not 4
-     timesteps_body(sd3="int(n * (1 - strength))"), Fails("wrong", "expected")),
+     timesteps_body(sd3="int(n * (1 - strength))"), "SD3's t_start as int(n·(1 − s))"),
+    ("img2img_timesteps",  # the slice right, the index returned without the order
+     timesteps_body(begin="t_start", kept="scheduler.timesteps[t_start * scheduler.order:]"),
+     "begin_index returned as t_start, not t_start·order"),
+    ("img2img_timesteps",  # SD's k as the step count for SD3 too
+     timesteps_body(steps="min(int(n * strength), n)"), "the step count as int(n·s)"),
     ("img2img_timesteps",  # the kept steps' count returned where the index belongs
      """
      n = num_inference_steps
@@ -94,7 +99,11 @@ MUTANTS = [
      "SD3's shift after the scaling"),
     ("img2img_latents", latents_body(sd3="z * vae.config.scaling_factor"), "SD3's shift_factor ignored"),
     ("img2img_latents",  # the latents divided by the scaling factor (the decoder's direction)
-     latents_body(sd="z / vae.config.scaling_factor"), Fails("wrong", "values differ")),
+     latents_body(sd="z / vae.config.scaling_factor"), "the latents divided by scaling_factor"),
+    ("img2img_latents",  # the latent and the noise in each other's place
+     latents_body(noised="scheduler.scale_noise(noise, timestep, z) if pipeline == 'sd3' "
+                         "else scheduler.add_noise(noise, z, timestep)"),
+     "the latent and the noise swapped in add_noise / scale_noise"),
     ("prepare_mask_latents", mask_body(masked="image * mask"), "the masked image keeps the region to repaint"),
     ("prepare_mask_latents", mask_body(resize="F.interpolate(mask, size=(H // f, W // f), mode='bilinear')"),
      "the mask resized bilinearly"),
@@ -102,6 +111,9 @@ MUTANTS = [
      "the mask inverted at latent size"),
     ("prepare_mask_latents", mask_body(double="False"), "mask and masked latents not doubled under guidance"),
     ("prepare_mask_latents", mask_body(scale="1.0"), "the masked image's latents not scaled"),
+    ("prepare_mask_latents", mask_body().replace("torch.cat([m] * 2), torch.cat([z] * 2)",
+                                                 "m.repeat_interleave(2, dim=0), z.repeat_interleave(2, dim=0)"),
+     "doubled image by image (repeat_interleave)"),
     ("prepare_mask_latents",  # the mask left at pixel size
      mask_body(resize="mask"), Fails("wrong", "shape")),
     ("inpaint_unet_input",
@@ -115,11 +127,13 @@ MUTANTS = [
                                          "masked_image_latents[:len(x)]], dim=1)"),
      "the latents not doubled under guidance"),
     ("inpaint_unet_input",  # the scaling skipped (right for DDIM, whose scale_model_input returns its input)
-     input_body(stack="torch.cat([x, mask, masked_image_latents], dim=1)"), Fails("wrong", "values differ")),
+     input_body(stack="torch.cat([x, mask, masked_image_latents], dim=1)"), "scheduler.scale_model_input skipped"),
     ("blend_known_region", blend_body(last="True", known="scheduler.add_noise(image_latents, noise, "
                                                          "timesteps[min(i + 1, len(timesteps) - 1):][:1])"),
      "the known region noised after the last step too"),
     ("blend_known_region", blend_body(mix="mask * known + (1 - mask) * latents"), "the mask inverted"),
+    ("blend_known_region", blend_body(last="i < len(timesteps) - 2"),
+     "the known region put back clean one step early"),
     ("blend_known_region", blend_body(known="scheduler.add_noise(image_latents, noise, timesteps[i:i + 1])"),
      "the known region noised to the current timestep"),
     ("blend_known_region",  # the new latents ignored where the model should paint (known everywhere)

@@ -74,7 +74,7 @@ TWINS = [
         scores = query @ key.transpose(-2, -1) * s
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-        return scores.softmax(-1) @ value
+        return scores.softmax(-1).nan_to_num() @ value  # a query with every key masked: 0, as SDPA
      """, "OVER peak"),
     ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", EVERY_BLOCK, "OVER block calls"),
     ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),

@@ -229,6 +229,12 @@ def _rms(t) -> float:
     return float(t.pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
+# Said of an output whose error is of rounding's size; withdrawn where a trap (a formula mistake) explains the output.
+PRECISION_NOTE = ("  your error is of rounding's size, only larger than diffusers': a precision problem, not the formula. "
+                  "Compute in the dtype diffusers computes in (float32 coefficients, the float16 tensor left as it is) "
+                  "and cast once, at the end, if at all\n")
+
+
 def _over_the_output(yours, theirs, x, bad, dtype, rule: ShadowRule) -> str | None:
     """None when the output as a whole is as close to exact math as diffusers' own: every element within
     rule.output_max_factor × diffusers' LARGEST error over the output (+ rule.ulps ulps at the element), and the
@@ -258,9 +264,7 @@ def _over_the_output(yours, theirs, x, bad, dtype, rule: ShadowRule) -> str | No
             f"{_fmt(mine_rms)}, allowed {_fmt(rms_allowed)} = {rms_factor:g} × diffusers' ({_fmt(theirs_rms)})\n"
             f"  an output passes when every element is within 1 or 2, or the whole output within 3\n")
     if mine_rms <= 16 * rms_allowed and bool((yours[finite] <= 16 * envelope[finite]).all()):
-        line += ("  your error is of rounding's size, only larger than diffusers': a precision problem, not the "
-                 "formula. Compute in the dtype diffusers computes in (float32 coefficients, the float16 tensor "
-                 "left as it is) and cast once, at the end, if at all\n")
+        line += PRECISION_NOTE
     return line
 
 
@@ -383,7 +387,8 @@ def closeness(actual: Any, candidate: Any, expected: Any) -> float:
     """How near the learner's output is to a trap's: the root of the summed squared differences to the trap's
     output, over the smallest of those from the learner's output to the right answer, from the trap's output to
     the right answer, and of the trap's output itself (every number; inf where the structure, or anything that is
-    not a float, differs from the trap's). 0 is the trap's output exactly; a small value (core.tolerances.
+    not a float, differs from the trap's; where a tensor has the trap's shape and not the answer's, the trap's own
+    size alone). 0 is the trap's output exactly; a small value (core.tolerances.
     TRAP_NEAR) is a near variant of the trap's mistake, computed another way or in another precision. Measured
     against the smallest of the three, an answer far from everything (x̂₀ at t = 999) makes nothing near."""
     import torch
@@ -403,13 +408,17 @@ def closeness(actual: Any, candidate: Any, expected: Any) -> float:
             a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (a, b, c))
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(c, torch.Tensor) \
                 and a.is_floating_point() and b.is_floating_point() and c.is_floating_point():
-            if not a.shape == b.shape == c.shape:
+            if a.shape != b.shape:
                 return math.inf
-            x, y, z = (t.detach().to("cpu", torch.float64) for t in (a, b, c))
+            x, y = (t.detach().to("cpu", torch.float64) for t in (a, b))
             add("to trap", x, y)
+            add("trap", y, torch.zeros_like(y))
+            if c.shape != a.shape:  # the trap's shape, not the answer's: measured against the trap's own size
+                sums["to answer"] = sums["trap to answer"] = math.inf
+                continue
+            z = c.detach().to("cpu", torch.float64)
             add("to answer", x, z)
             add("trap to answer", y, z)
-            add("trap", y, torch.zeros_like(y))
             continue
         try:
             same = torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else bool(a == b)
