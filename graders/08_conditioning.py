@@ -132,12 +132,13 @@ def sinusoid_shadow(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_fr
 
 
 def _sinusoid(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0,
-              max_period=10000, *, layout="halves", pad=True):
+              max_period=10000, *, layout="halves", pad=True, pad_front=False, scale_outside=False,
+              from_one=False):
     """The embedding with one thing changed (for the traps): the layout of sin/cos, or the padding."""
     half = embedding_dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32)
-                      / (half - downscale_freq_shift))
-    angles = scale * (timesteps[:, None].float() * freqs[None, :])
+    steps = torch.arange(1, half + 1, dtype=torch.float32) if from_one else torch.arange(half, dtype=torch.float32)
+    freqs = torch.exp(-math.log(max_period) * steps / (half - downscale_freq_shift))
+    angles = (1.0 if scale_outside else scale) * (timesteps[:, None].float() * freqs[None, :])
     first, second = (angles.cos(), angles.sin()) if flip_sin_to_cos else (angles.sin(), angles.cos())
     if layout == "interleaved":
         emb = torch.stack([first, second], dim=-1).reshape(len(timesteps), 2 * half)
@@ -146,8 +147,10 @@ def _sinusoid(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shi
         emb = emb.flip(-1) if flip_sin_to_cos else emb
     else:
         emb = torch.cat([first, second], dim=-1)
+    if scale_outside:
+        emb = scale * emb
     if pad and embedding_dim % 2:
-        emb = F.pad(emb, (0, 1))
+        emb = F.pad(emb, (1, 0) if pad_front else (0, 1))
     return emb
 
 
@@ -204,6 +207,28 @@ def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, 
                          hint="2·(D // 2) = D − 1 columns for an odd D: append one column of zeros at the end.")
 def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
     return _sinusoid(timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period, pad=False)
+
+
+@timestep_embedding.trap("an odd embedding_dim's zero column put first",
+                         hint="The zero column is appended at the END: F.pad(emb, (0, 1)).")
+def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
+    return _sinusoid(timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period,
+                     pad_front=True)
+
+
+@timestep_embedding.trap("scale applied to the sines and cosines, not to the angles",
+                         hint="scale multiplies the angles (scale·t·ω) before sin and cos: a larger scale spins "
+                              "faster, it does not make the embedding louder.")
+def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
+    return _sinusoid(timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period,
+                     scale_outside=True)
+
+
+@timestep_embedding.trap("frequencies counted from i = 1 (the fastest, ω_0 = 1, left out)",
+                         hint="i runs 0 … half − 1: the first frequency is max_period^0 = 1.")
+def _(timesteps, embedding_dim, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
+    return _sinusoid(timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period,
+                     from_one=True)
 
 
 # ---- patchify ---------------------------------------------------------------------------------------
@@ -480,7 +505,7 @@ def _(case, g):
 
 
 def _adaln(x, emb, linear_weight, linear_bias, *, order="shift-scale", one_plus=True, before=False,
-           silu=True, eps=1e-6, rms=False):
+           silu=True, eps=1e-6, rms=False, over_tokens=False):
     """adaLN-Zero with one thing changed (for the traps)."""
     params = F.linear(F.silu(emb) if silu else emb, linear_weight, linear_bias)
     a, b, gate_msa, c, d, gate_mlp = params.chunk(6, dim=1)
@@ -488,6 +513,8 @@ def _adaln(x, emb, linear_weight, linear_bias, *, order="shift-scale", one_plus=
     factor = (1 + scale_msa[:, None]) if one_plus else scale_msa[:, None]
 
     def norm(t):
+        if over_tokens:  # normalised over the N tokens of each feature instead of the D features of each token
+            return F.layer_norm(t.transpose(1, 2), (t.shape[1],), eps=eps).transpose(1, 2)
         if rms:
             return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
         return F.layer_norm(t, (t.shape[-1],), eps=eps)
@@ -528,6 +555,12 @@ def _(x, emb, linear_weight, linear_bias):
                                "pass eps=1e-6.")
 def _(x, emb, linear_weight, linear_bias):
     return _adaln(x, emb, linear_weight, linear_bias, eps=1e-5)
+
+
+@ada_layer_norm_zero.trap("LayerNorm over the tokens (axis N) instead of each token's features (D)",
+                          hint="Each token is normalised on its own, over its D features: layer_norm(x, (D,)).")
+def _(x, emb, linear_weight, linear_bias):
+    return _adaln(x, emb, linear_weight, linear_bias, over_tokens=True)
 
 
 @ada_layer_norm_zero.trap("an RMSNorm (no mean subtracted) instead of a LayerNorm",

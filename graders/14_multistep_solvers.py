@@ -567,7 +567,7 @@ def _(case, g):
 
 def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=True, final_sigmas_type="zero", *,
                eps_as_x0=False, second_first=False, ignore_lower_final=False, lower_final_any_n=False,
-               newest_first=False, always_first=False, final_swapped=False, eps_history=False):
+               newest_first=False, always_first=False, final_swapped=False, eps_history=False, up_to_15=False):
     """The 2M loop with one misconception switched on (each trap below names one)."""
     predict = denoiser.predict if isinstance(denoiser, GaussianDenoiser) else denoiser
     n = len(timesteps)
@@ -590,7 +590,8 @@ def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=Tr
         elif lower_final_any_n:
             lower_final = last and (final_sigmas_type == "zero" or lower_order_final)
         else:
-            lower_final = last and (final_sigmas_type == "zero" or (lower_order_final and n < 15))
+            lower_final = last and (final_sigmas_type == "zero" or (lower_order_final and (n <= 15 if up_to_15
+                                                                                           else n < 15)))
         if always_first or (i == 0 and not second_first) or lower_final:
             x = wrong_update([x0], x, [a_s], a_t, second=False)
         else:
@@ -620,6 +621,9 @@ _loop_trap("lower_order_final ignored: the last step taken second order",
 _loop_trap("lower_order_final applied at every n (diffusers: only below 15 steps)",
            "The flag's rule is `lower_order_final and len(timesteps) < 15`: with 15 or more steps onto σ_min "
            "the last step stays second order.", lower_final_any_n=True)
+_loop_trap("lower_order_final at n ≤ 15 (the boundary one off: diffusers' rule is n < 15)",
+           "`lower_order_final and len(timesteps) < 15`: at exactly 15 steps the last step stays second order.",
+           up_to_15=True)
 _loop_trap("the x̂0 history passed newest first",
            "second_order_update takes the history oldest first, as diffusers' model_outputs: append each new "
            "x̂_0 (and its ᾱ) at the end.", newest_first=True)

@@ -119,11 +119,12 @@ def _(case, g):
 
 
 def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, text_to_out=False,
-           no_norm=False):
+           no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False):
     """Joint attention with one misconception switched on (for traps); all off = correct."""
     heads, n = attn.heads, x.shape[1]
-    txt_layers = ((attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k) if shared else
-                  (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.norm_added_q, attn.norm_added_k))
+    txt_layers = ((attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k) if shared or shared_in else
+                  (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
+                   *((attn.norm_q, attn.norm_k) if image_norm_on_text else (attn.norm_added_q, attn.norm_added_k))))
 
     def qkv(t, to_q, to_k, to_v, norm_q, norm_k):
         q, k, v = (_heads(layer(t), heads) for layer in (to_q, to_k, to_v))
@@ -145,7 +146,7 @@ def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, 
         image = attn.to_out[0](o_img)
         if text_to_out or shared:
             text = attn.to_out[0](o_txt)
-        elif attn.context_pre_only:
+        elif attn.context_pre_only or no_add_out:
             text = o_txt
         else:
             text = attn.to_add_out(o_txt)
@@ -157,6 +158,27 @@ def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, 
                            "norm_added_q / norm_added_k, and to_add_out on the way out. That is the 'MM' of MMDiT.")
 def _(attn, hidden_states, encoder_hidden_states):
     return _joint(attn, hidden_states, encoder_hidden_states, shared=True)
+
+
+@joint_attention.trap("the text projected with the image's to_q / to_k / to_v (to_add_out kept)",
+                      hint="The text stream has projections of its own: add_q_proj, add_k_proj, add_v_proj (and "
+                           "norm_added_q / norm_added_k), as it has to_add_out on the way out.")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, shared_in=True)
+
+
+@joint_attention.trap("to_add_out skipped (the text's attention output returned as it is)",
+                      hint="Unless context_pre_only, the text part leaves through attn.to_add_out, as the image part "
+                           "through to_out[0].")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, no_add_out=True)
+
+
+@joint_attention.trap("the image's qk-norm (norm_q / norm_k) applied to the text",
+                      hint="The text stream has its own norms: norm_added_q and norm_added_k (their weights differ "
+                           "from the image's).")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, image_norm_on_text=True)
 
 
 @joint_attention.trap("concatenated [text, image] but split as [image, text]",
@@ -219,8 +241,8 @@ def _(case, g):
                     label=f"{case['text_len']} text + {case['rows']}×{case['cols']} image tokens")
 
 
-def _ids(text_len, rows, cols, *, col_row=False, text_arange=False, image_first=False, axes=(0, 1, 2)):
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+def _ids(text_len, rows, cols, *, col_row=False, text_arange=False, image_first=False, axes=(0, 1, 2), start=0):
+    r, c = torch.meshgrid(torch.arange(start, rows + start), torch.arange(start, cols + start), indexing="ij")
     r, c = (c, r) if col_row else (r, c)
     cols_ = [torch.zeros_like(r), r, c]
     image = torch.stack([cols_[a] for a in axes], -1).reshape(-1, 3).float()
@@ -242,6 +264,12 @@ def _(text_len, rows, cols):
                              "embedding does not rotate them at all.")
 def _(text_len, rows, cols):
     return _ids(text_len, rows, cols, text_arange=True)
+
+
+@flux_position_ids.trap("rows and columns counted from 1",
+                        hint="The first latent patch is at row 0, column 0: torch.arange(rows), torch.arange(cols).")
+def _(text_len, rows, cols):
+    return _ids(text_len, rows, cols, start=1)
 
 
 @flux_position_ids.trap("image ids before the text ids",
@@ -288,9 +316,17 @@ def _case_ids(case, g):
     return torch.randint(0, 40, (case["tokens"], len(case["axes_dim"])), generator=g).to(torch.float32)
 
 
-def _tables(ids, theta, axes_dim, *, halves=False, single_step=False, swap=False, dtype=torch.float64):
+def _tables(ids, theta, axes_dim, *, halves=False, single_step=False, swap=False, dtype=torch.float64,
+            total_width=False):
     cos, sin = [], []
     for i, d in enumerate(axes_dim):
+        if total_width:  # every axis's frequencies over the whole width, not its own
+            d_all = sum(axes_dim)
+            exponent = torch.arange(0, d, 2, dtype=dtype) / d_all
+            a = ids[:, i].to(dtype)[:, None] * (1.0 / theta ** exponent)[None]
+            cos.append(a.cos().repeat_interleave(2, 1))
+            sin.append(a.sin().repeat_interleave(2, 1))
+            continue
         exponent = torch.arange(0, d // 2, dtype=dtype) / d if single_step else torch.arange(0, d, 2, dtype=dtype) / d
         a = ids[:, i].to(dtype)[:, None] * (1.0 / theta ** exponent)[None]
         c, s = (a.sin(), a.cos()) if swap else (a.cos(), a.sin())
@@ -323,6 +359,9 @@ _rope_trap("cos/sin repeated as halves [c, c] instead of interleaved (c0 c0 c1 c
            "(repeat_interleave), not the whole table appended to itself.", halves=True)
 _rope_trap("frequencies θ^(−j/d) instead of θ^(−2j/d)",
            "The exponent steps by 2/d: ω_j = θ^(−2j/d) for j = 0 … d/2 − 1 (arange(0, d, 2) / d).", single_step=True)
+_rope_trap("each axis's frequencies over the whole width (d = sum(axes_dim))",
+           "Each axis is a rotary embedding of its own: axis i's frequencies are θ^(−2j/d_i) with d_i = axes_dim[i], "
+           "j < d_i/2.", total_width=True)
 _rope_trap("cos and sin swapped", "The first table is the cosine of the angles, the second the sine.", swap=True)
 
 
@@ -532,8 +571,8 @@ def _zero_star_predictions(case, g):
 
 
 def _zero_star(c, u, s, step, zero_init_steps, *, per_batch=False, norm_of="uncond", skip_zero=False,
-               no_alpha=False, alpha_on="uncond"):
-    if step < zero_init_steps and not skip_zero:
+               no_alpha=False, alpha_on="uncond", zero_through=False, base_unscaled=False):
+    if (step <= zero_init_steps if zero_through else step < zero_init_steps) and not skip_zero:
         return torch.zeros_like(c)
     # diffusers' dtype flow: α in float32 (float64 for the shadow), cast to the predictions' dtype, the rest there.
     wide = torch.float64 if c.dtype == torch.float64 else torch.float32
@@ -543,7 +582,9 @@ def _zero_star(c, u, s, step, zero_init_steps, *, per_batch=False, norm_of="unco
     if no_alpha:
         alpha = torch.ones_like(alpha)
     cf, uf = c.flatten(1), u.flatten(1)
-    if alpha_on == "cond":
+    if base_unscaled:
+        pred = uf + s * (cf - alpha * uf)
+    elif alpha_on == "cond":
         pred = uf + s * (alpha * cf - uf)
     else:
         pred = alpha * uf + s * (cf - alpha * uf)
@@ -582,6 +623,11 @@ _zero_star_trap("zero-init ignored (guided at the first steps)",
                 "While step < zero_init_steps CFG-Zero* returns zeros: the first velocity is skipped.", skip_zero=True)
 _zero_star_trap("plain CFG (α never applied)",
                 "Rescale the unconditional prediction first: pred = α·u + s·(c − α·u), α per sample.", no_alpha=True)
+_zero_star_trap("zero-init one step too long (step ≤ zero_init_steps)",
+                "zero_init_steps counts the steps that are zeroed: steps 0 … zero_init_steps − 1 (step < "
+                "zero_init_steps).", zero_through=True)
+_zero_star_trap("the base term u, not α·u (u + s·(c − α·u))",
+                "CFG-Zero* starts from the rescaled unconditional prediction: α·u + s·(c − α·u).", base_unscaled=True)
 _zero_star_trap("α applied to the conditional prediction",
                 "α rescales u, the prediction CFG starts from: α·u + s·(c − α·u).", alpha_on="cond")
 
@@ -663,7 +709,7 @@ def _(case, g):
 
 def _flux(transformer, latents, timestep, prompt_embeds, pooled_prompt_embeds, text_ids, latent_image_ids,
           guidance_scale=3.5, true_cfg_scale=1.0, negative_prompt_embeds=None, negative_pooled_prompt_embeds=None, *,
-          guidance_times=1.0, t_scale=1000.0, swap=False):
+          guidance_times=1.0, t_scale=1000.0, swap=False, from_cond=False):
     B = latents.shape[0]
     guidance = (torch.full([B], guidance_scale * guidance_times) if transformer.config.guidance_embeds else None)
     t = timestep.expand(B).to(latents.dtype) / t_scale
@@ -677,7 +723,8 @@ def _flux(transformer, latents, timestep, prompt_embeds, pooled_prompt_embeds, t
         v = call(prompt_embeds, pooled_prompt_embeds)
         if true_cfg_scale > 1 and negative_prompt_embeds is not None:
             u = call(negative_prompt_embeds, negative_pooled_prompt_embeds)
-            v = v + true_cfg_scale * (u - v) if swap else u + true_cfg_scale * (v - u)
+            v = v + true_cfg_scale * (u - v) if swap else v + true_cfg_scale * (v - u) if from_cond else \
+                u + true_cfg_scale * (v - u)
     return v
 
 
@@ -699,6 +746,13 @@ def _(**kw):
                     hint="True CFG starts from the negative prompt's velocity: v_u + true_cfg_scale·(v_c − v_u).")
 def _(**kw):
     return _flux(**kw, swap=True)
+
+
+@flux_velocity.trap("true CFG guided from the conditional velocity: v_c + s·(v_c − v_u)",
+                    hint="True CFG starts from the negative prompt's velocity: v_u + true_cfg_scale·(v_c − v_u) "
+                         "(at s = 1 that is v_c).")
+def _(**kw):
+    return _flux(**kw, from_cond=True)
 
 
 @flux_velocity.budget("one transformer call a step (two only for true CFG)")

@@ -53,6 +53,12 @@ MUTANTS = [
     ("timestep_embedding",
      body(ANGLES, "return torch.cat([a.cos(), a.sin()] if flip_sin_to_cos else [a.sin(), a.cos()], -1)"),
      "an odd embedding_dim not zero-padded"),
+    ("timestep_embedding", body(ANGLES, CAT, PAD.replace("(0, 1)", "(1, 0)")), "an odd embedding_dim's zero column put first"),
+    ("timestep_embedding", body(ANGLES.replace("a = scale * (timesteps", "a = (timesteps"), CAT, "emb = scale * emb", PAD),
+     "scale applied to the sines and cosines, not to the angles"),
+    ("timestep_embedding", body(ANGLES.replace("torch.arange(half, dtype=torch.float32)",
+                                               "torch.arange(1, half + 1, dtype=torch.float32)"), CAT, PAD),
+     "frequencies counted from i = 1"),
     ("timestep_embedding",  # frequencies growing instead of shrinking
      body(ANGLES.replace("-math.log", "math.log"), CAT, PAD),
      Fails("wrong", "values differ")),
@@ -125,6 +131,12 @@ MUTANTS = [
     ("unpatchify",  # no regrouping at all
      "return tokens.transpose(1, 2).reshape(tokens.shape[0], channels, height, width)",
      Fails("wrong", "values differ")),
+    ("ada_layer_norm_zero",
+     """
+     s, c, g, s2, c2, g2 = F.linear(F.silu(emb), linear_weight, linear_bias).chunk(6, dim=1)
+     h = F.layer_norm(x.transpose(1, 2), (x.shape[1],), eps=1e-6).transpose(1, 2)
+     return h * (1 + c[:, None]) + s[:, None], g, s2, c2, g2
+     """, "LayerNorm over the tokens (axis N)"),
     ("ada_layer_norm_zero",
      """
      s, c, g, s2, c2, g2 = F.linear(F.silu(emb), linear_weight, linear_bias).chunk(6, dim=1)

@@ -130,7 +130,7 @@ MUTANTS = [
      "lower_order_final applied at every n"),
     ("dpm_solver_sample",  # the boundary one off: n ≤ 15 (right at every n but 15)
      LOOP_HEAD.replace("(lower_order_final and n < 15)", "(lower_order_final and n <= 15)") + LOOP_STEP,
-     "lower_order_final applied at every n"),  # at n = 15, the case that tells them apart, the same output
+     "lower_order_final at n ≤ 15"),
     ("dpm_solver_sample", LOOP_HEAD.replace("(x0s + [x0])[-2:], (abars + [a_s])[-2:]", "([x0] + x0s)[:2], ([a_s] + abars)[:2]")
      + LOOP_STEP, "the x̂0 history passed newest first"),
     ("dpm_solver_sample", FIRST_ORDER_ONLY, "the first-order update at every step"),

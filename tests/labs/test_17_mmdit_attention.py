@@ -124,6 +124,19 @@ def flux_body(g="torch.full([1], guidance_scale).expand(B)", t="timestep.expand(
 
 
 MUTANTS = [
+    ("joint_attention", joint_body(txt="attn.to_q, attn.to_k, attn.to_v, attn.norm_added_q, attn.norm_added_k"),
+     "the text projected with the image's to_q / to_k / to_v"),
+    ("joint_attention", joint_body(text_out="text"), "to_add_out skipped"),
+    ("joint_attention", joint_body(txt="attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.norm_q, attn.norm_k"),
+     "the image's qk-norm (norm_q / norm_k) applied to the text"),
+    ("flux_position_ids", ids_body().replace("torch.arange(rows), torch.arange(cols)",
+                                             "torch.arange(1, rows + 1), torch.arange(1, cols + 1)"),
+     "rows and columns counted from 1"),
+    ("rope_cos_sin", rope_body(omega="1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / sum(axes_dim))"),
+     "each axis's frequencies over the whole width"),
+    ("cfg_zero_star", zero_star_body(zero="step <= zero_init_steps"), "zero-init one step too long"),
+    ("cfg_zero_star", zero_star_body(pred="u + guidance_scale * (c - alpha * u)"), "the base term u, not α·u"),
+    ("flux_velocity", flux_body(combine="v + true_cfg_scale * (v - u)"), "true CFG guided from the conditional velocity"),
     ("flux_velocity", flux_body(g="torch.full([1], guidance_scale * 1000).expand(B)"), "guidance multiplied by 1000"),
     ("flux_velocity", flux_body(t="timestep.expand(B).to(latents.dtype)"), "the timestep passed as t (0 … 1000)"),
     ("flux_velocity", flux_body(combine="v + true_cfg_scale * (u - v)"), "true CFG with its branches swapped"),

@@ -127,12 +127,15 @@ class Zygote:
     @classmethod
     def preload(cls, modules: list[tuple[str, str]], learner_sources: tuple = ()) -> None:
         """Ask the running warm parent (none is started here) to load graders, without waiting for it: it imports
-        them while this process collects the same graders, on another core."""
+        them while this process collects the same graders, on another core. One at a time: the control socket is a
+        stream, and two commands sent before the first is read could arrive as one message (the second lost)."""
         with cls._lock:
             current = cls._shared or getattr(sys, "_diffusion_katas_zygote", None)
         if current is None or current.process.poll() is not None:
             return
         with current._lock:
+            if current._unread:
+                return
             try:
                 socket.send_fds(current.control, [pickle.dumps(current._load_command(modules, learner_sources))], [])
             except OSError:
