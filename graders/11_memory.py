@@ -157,6 +157,12 @@ def _seam(first, second, extent, dim, weight):
     return out
 
 
+@blend_seam.trap("blended along the last axis whatever `dim` says",
+                 hint="dim 2 blends rows (the tile above), dim 3 columns (the tile to the left): select along `dim`.")
+def _(first, second, extent, dim):
+    return _seam(first, second, extent, first.dim() - 1, lambda y, e: y / e)
+
+
 @blend_seam.trap("the weights one slice on: (y + 1)/E",
                  hint="The seam's first slice is all `first` (w = 0/E = 0 for `second`); w = y/E reaches (E − 1)/E at "
                       "the last blended slice, and the slice after is `second` alone.")

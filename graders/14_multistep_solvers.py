@@ -231,6 +231,12 @@ def _(model_output, sample, alpha_prod_t):
     return sample - (1 - alpha_prod_t) ** 0.5 * model_output / alpha_prod_t ** 0.5
 
 
+@data_prediction.trap("divided by ᾱ_t instead of α_t = √ᾱ_t",
+                      hint="x_t = α_t·x_0 + σ_t·ε with α_t = √ᾱ_t: x̂_0 = (x_t − σ_t·ε̂)/√ᾱ_t.")
+def _(model_output, sample, alpha_prod_t):
+    return (sample - (1 - alpha_prod_t) ** 0.5 * model_output) / alpha_prod_t
+
+
 @data_prediction.trap("x_t − σ_t·ε̂ without dividing by α_t",
                       hint="Removing the noise leaves α_t·x_0: divide by α_t = √ᾱ_t.")
 def _(model_output, sample, alpha_prod_t):

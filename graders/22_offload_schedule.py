@@ -415,10 +415,10 @@ def _(case, g):
 
 def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_release=False, per_call=False,
            off_chain_released=False, peak_largest=False, release_last_called=False, load_first=False,
-           moved_every_call=False):
+           moved_every_call=False, arrival_order=False, released_all=False):
     order = list(offload_seq) if full_seq else [n for n in offload_seq if n in sizes]
     pred = dict(zip(order[1:], order))
-    on, last = set(), None
+    on, last, arrived = set(), None, []
     out = dict(resident=[], to_device=[], to_host=[], peak_bytes=0, released=0)
     for c in calls:
         moved_out = moved_in = 0
@@ -438,13 +438,15 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
         if c not in on or moved_every_call:
             on.add(c)
             moved_in = sizes[c]
-        out["resident"].append(sorted(on))
+            arrived = [n for n in arrived if n != c] + [c]
+        out["resident"].append([n for n in arrived if n in on] if arrival_order else sorted(on))
         out["to_device"].append(moved_in)
         out["to_host"].append(moved_out)
         now = max(sizes[n] for n in on) if peak_largest else sum(sizes[n] for n in on)
         out["peak_bytes"] = max(out["peak_bytes"], now)
         last = c
-    out["released"] = 0 if no_release else sizes[calls[-1]] if release_last_called else sum(sizes[n] for n in on)
+    out["released"] = (0 if no_release else sizes[calls[-1]] if release_last_called else
+                       sum(sizes.values()) if released_all else sum(sizes[n] for n in on))
     return out
 
 
@@ -453,6 +455,20 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
                                "steps find it on the device and move nothing (to_device 0).")
 def _(calls, sizes, offload_seq):
     return _trace(calls, sizes, offload_seq, moved_every_call=True)
+
+
+@model_offload_trace.trap("resident listed in the order the components came in, not sorted",
+                          hint="Each entry of resident is sorted(names on the device): a set has no order of its own, "
+                               "and the trace compares lists.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, arrival_order=True)
+
+
+@model_offload_trace.trap("released at the end counted as every component's bytes",
+                          hint="maybe_free_model_hooks offloads what is on the device when the call ends: the sum "
+                               "over the components still there, not over every component of the pipeline.")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, released_all=True)
 
 
 @model_offload_trace.trap("the next component loaded before its predecessor is released (the peak counts both)",
@@ -632,8 +648,10 @@ def _(case, g):
 
 
 def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, blocks_only=False,
-          no_block_modules=False, residents_together=False, lists_only=False, both_on_top=False):
+          no_block_modules=False, residents_together=False, lists_only=False, both_on_top=False,
+          params_only=False, drop_short=False, no_prefix=False):
     """The solution's plan with one mistake switched on (the traps below)."""
+    size = (lambda m: _bytes(_tensors(m, buffers=False))) if params_only else _nbytes  # noqa: E731
     block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
     groups, sizes = [], []
     kinds = torch.nn.ModuleList if lists_only else (torch.nn.ModuleList, torch.nn.Sequential)
@@ -642,22 +660,24 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
         on_top, grouped, lists, inner = [], 0, [], []
         for name, child in module.named_children():
             if name in block_modules:
-                inner.append(plan(child, f"{prefix}{name}."))
-                grouped += _nbytes(child)
+                inner.append(plan(child, "" if no_prefix else f"{prefix}{name}."))
+                grouped += size(child)
             elif isinstance(child, kinds):
                 lists.append([(f"{prefix}{name}.{i}", block) for i, block in enumerate(child)])
         for items in [[item for items in lists for item in items]] if across else lists:
             for s in range(0, len(items), num_blocks_per_group):
                 chunk = items[s:s + num_blocks_per_group]
+                if drop_short and len(chunk) < num_blocks_per_group:
+                    continue
                 groups.append([n for n, _ in chunk])
-                sizes.append(sum(_nbytes(b) for _, b in chunk))
+                sizes.append(sum(size(b) for _, b in chunk))
                 on_top.append(sizes[-1])
                 grouped += on_top[-1]
         top = max(inner, default=0) + max(on_top, default=0) if both_on_top else max(inner + on_top, default=0)
-        return (0 if no_resident else _nbytes(module) - grouped) + top
+        return (0 if no_resident else size(module) - grouped) + top
 
     peak = plan(model, "")
-    total = _nbytes(model)
+    total = size(model)
     if residents_together:  # every level's resident part at once, under the largest group
         peak = total - sum(sizes) + max(sizes, default=0)
     return dict(groups=groups, peak_bytes=peak, bytes_per_forward=sum(sizes) if blocks_only else total)
@@ -739,6 +759,27 @@ def _(model, num_blocks_per_group):
                               "of the largest of each kind.")
 def _(model, num_blocks_per_group):
     return _plan(model, num_blocks_per_group, both_on_top=True)
+
+
+@group_offload_plan.trap("the plan's bytes from the parameters only (buffers left out)",
+                         hint="A group moves every tensor its modules own, buffers too: count each part with "
+                              "module_bytes (parameters and buffers), as the bytes per forward.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, params_only=True)
+
+
+@group_offload_plan.trap("a list's last, shorter group dropped",
+                         hint="range(0, len(blocks), n) with blocks[s:s + n]: the last group holds what is left "
+                              "(3 blocks, 2 a group: [0, 1] and [2]).")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, drop_short=True)
+
+
+@group_offload_plan.trap("a block module's groups named without its prefix",
+                         hint="Group names are paths from the model: the encoder's first block is "
+                              "'encoder.down_blocks.0', as model.get_submodule takes it.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, no_prefix=True)
 
 
 @group_offload_plan.trap("every resident part on the device for the whole forward (a block module's counted outside "

@@ -71,6 +71,14 @@ MUTANTS = [
             out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - w) + second.select(dim, y) * w)
         return out
      """, "the weights as linspace(0, 1, E)"),
+    ("blend_seam", """
+        e = min(first.shape[-1], second.shape[-1], extent)
+        out = second.clone()
+        for y in range(e):
+            w = y / e
+            out[..., y] = first[..., first.shape[-1] - e + y] * (1 - w) + second[..., y] * w
+        return out
+     """, "blended along the last axis whatever `dim` says"),
     ("tiled_decode",  # each tile straight into the decoder
      changed("tiled_decode", "            if vae.config.use_post_quant_conv:\n                tile = vae.post_quant_conv(tile)\n",
              ""), "post_quant_conv skipped"),

@@ -69,6 +69,8 @@ MUTANTS = [
      "α_t and σ_t swapped"),
     ("data_prediction", "a, s = alpha_sigma(alpha_prod_t)\nreturn sample - s * model_output / a",
      "x_t − σ_t·ε̂/α_t: only the noise term divided"),
+    ("data_prediction", "a, s = alpha_sigma(alpha_prod_t)\nreturn (sample - s * model_output) / alpha_prod_t",
+     "divided by ᾱ_t instead of α_t"),
     ("data_prediction",  # the noise added instead of removed
      "a, s = alpha_sigma(alpha_prod_t)\nreturn (sample + s * model_output) / a", Fails("wrong", "values differ")),
     # ---- first_order_update

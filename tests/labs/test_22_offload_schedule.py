@@ -166,7 +166,18 @@ MUTANTS = [
     ("model_offload_trace",  # the peak read before the call's moves: one call late
      trace_body(peak="sum(sizes[n] for n in on) if on else 0", peak_first=True), Fails("wrong", "peak_bytes")),
     ("model_offload_trace",  # released as every component's bytes, whether it was on the device or not
-     trace_body(released="sum(sizes.values())"), Fails("wrong", "released")),
+     trace_body(released="sum(sizes.values())"), "released at the end counted as every component's bytes"),
+    ("model_offload_trace",  # resident in the order the components came in
+     trace_body().replace("on = set()", "on = []").replace("on.discard(pred[c])", "on.remove(pred[c])").replace(
+         "on.add(c)", "on.append(c)").replace("out['resident'].append(sorted(on))", "out['resident'].append(list(on))"),
+     "resident listed in the order the components came in"),
+    ("group_offload_plan",  # a list's remainder dropped
+     plan_body().replace("blocks = list(child[s:s + num_blocks_per_group])",
+                         "blocks = list(child[s:s + num_blocks_per_group])\n"
+                         "                    if len(blocks) < num_blocks_per_group:\n"
+                         "                        continue"),
+     "a list's last, shorter group dropped"),
+    ("group_offload_plan", plan_body(inner="plan(child, '')"), "a block module's groups named without its prefix"),
     ("group_offload_plan", """
      groups, sizes = [], []
      for name, child in model.named_modules():
