@@ -155,7 +155,6 @@ class Zygote:
         return {"op": "load", "modules": [tuple(m) for m in modules], "cwd": os.getcwd(), "sys_path": list(sys.path),
                 "learner_sources": [str(p) for p in learner_sources]}
 
-
     def fork(self, lock: tuple = ()) -> tuple[int, socket.socket]:
         """A runner, forked with `lock` (CodeLock's arguments) already installed by the warm parent: the answer
         key's code is read once there, where its pages are the parent's own, not copied on first touch in each

@@ -67,8 +67,7 @@ class KataFile(pytest.File):
         if self.source.is_file() and not self.untouched():  # the warm parent loads the grader as this process does
             from diffusion_katas.engine.runner import Zygote
 
-            Zygote.preload([(str(session.course.grader(self.lab)), f"diffusion_katas_grader_{self.lab}")],
-                           (self.source, *self.learner_files()))
+            Zygote.preload(self.grader_modules(), (self.source, *self.learner_files()))
         for kata in session.course.graders_of(self.lab):
             for check in kata.checks:
                 item = KataItem.from_parent(self, name=check.id, check=check)
@@ -97,6 +96,11 @@ class KataFile(pytest.File):
         if session.timeout and self.config.pluginmanager.hasplugin("timeout"):
             item.add_marker(pytest.mark.timeout(session.timeout + 30))
         return item
+
+    def grader_modules(self) -> list[tuple[str, str]]:
+        """(path, module name) of this lab's grader, as its runners load it."""
+        session = self.config.stash[state.SESSION]
+        return [(str(session.course.grader(self.lab)), f"diffusion_katas_grader_{self.lab}")]
 
     def learner_files(self) -> list[Path]:
         """The learner's own files: this kata and its siblings (a later lab may build on earlier ones)."""
@@ -190,7 +194,7 @@ class KataItem(pytest.Item):
         self.deadline = time.monotonic() + session.timeout
         try:
             self.runner = Runner(
-                kata_file.source, f"_learner_{lab}", [(str(session.course.grader(lab)), f"diffusion_katas_grader_{lab}")],
+                kata_file.source, f"_learner_{lab}", kata_file.grader_modules(),
                 self.kata.answer_key, self.kata.name, session.timeout, self.kata.forbidden_ops,
                 tuple(kata_file.learner_files()), self.kata.answer_key_direct,
                 memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30),
