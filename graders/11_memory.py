@@ -550,9 +550,10 @@ chunked_attention = Kata(
         "Split the QUERIES into blocks: each query's softmax needs every key, so a block of queries "
         "is a self-contained attention problem.",
         "For rows q0:q1: S = Q[q0:q1] Kᵀ·s (s = 1/√d), S += mask (or −inf where a bool mask is False), "
-        "P = softmax(S, dim=−1), out[q0:q1] = P V.",
+        "P = softmax(S, dim=−1) (0 for a query whose bool mask row keeps no key), out[q0:q1] = P V.",
         "out = query.new_empty(...); for a in range(0, Lq, chunk_size): scores = query[..., a:a+chunk_size, :] "
-        "@ key.transpose(-2, -1) * s; ...; out[..., a:a+chunk_size, :] = scores.softmax(-1) @ value",
+        "@ key.transpose(-2, -1) * s; ...; p = scores.softmax(-1); for a bool mask m: p = p.masked_fill("
+        "~m.any(-1, keepdim=True), 0); out[..., a:a+chunk_size, :] = p @ value",
     ),
     answer_key=("torch.nn.functional.scaled_dot_product_attention",
                 # every attention diffusers computes itself: the scores helper, the processors, the module

@@ -28,6 +28,8 @@ Traps:
     - SD's 8 pixels per latent written in: the factor is the VAE's, 2^(len(block_out_channels) − 1).
     - Chunking attention over keys and normalising each chunk's softmax on its own.
     - The scale 1/√d, and a mask added after the softmax instead of before.
+    - A query whose bool mask keeps no key (a padding row): a softmax over only −inf is NaN;
+      scaled_dot_product_attention gives that row 0.
 
 Precision:
     The course's one policy (lab 01 states it): return the decoder's dtype, and compute as wide as you

@@ -199,6 +199,8 @@ LESSON_TRAPS = {
          trap("keys chunked, each chunk's softmax normalised on its own")),
         ("The scale 1/√d, and a mask added after the softmax",
          trap("the 1/√d scale is missing", "the mask applied after the softmax instead of before")),
+        ("A query whose bool mask keeps no key",
+         trap("a query whose keys are all masked left as NaN (a softmax over only −inf)")),
     ],
     "12_end_to_end": [
         ("Treating the UNet as the whole model",
