@@ -373,8 +373,9 @@ def _verify_batches(probe, requests, expected, max_rows):
         k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         if k < len(want):
             tick, members = calls[k]
-            first = (f"call {k + 1} (tick {tick}): yours had {got[k] if k < len(got) else 'no call'} rows; the rules "
-                     f"give {want[k]}: " + ", ".join(f"{i} ({n} row{'s' if n > 1 else ''})" for i, n in members))
+            yours = f"yours had {got[k]} rows" if k < len(got) else f"yours made only {len(got)} call(s)"
+            first = (f"call {k + 1} (tick {tick}): {yours}; the rules give {want[k]}: "
+                     + ", ".join(f"{i} ({n} row{'s' if n > 1 else ''})" for i, n in members))
         else:
             first = f"call {k + 1}: yours made {len(got) - len(want)} more call(s) than the rules' {len(want)}"
         limit = (f"; at most max_rows = {max_rows} rows, arrived requests admitted in order of arrival (ties: list "
