@@ -71,6 +71,7 @@ def one_function_saves(lab: str, runs: int) -> tuple[str, list[float]]:
         for folder in ("graders", "solutions"):
             shutil.copytree(ROOT / folder, root / folder)
         shutil.copytree(ROOT / "solutions", root / "katas")
+        shutil.copy(ROOT / "pyproject.toml", root)  # a learner's course has it: its pytest settings (addopts)
         course = Course(root)
         warm = WarmGrader(course, seed=1)
         try:
@@ -124,6 +125,7 @@ def plain_runs(labs: list[str], runs: int) -> list[tuple]:
         for folder in ("graders", "solutions"):
             shutil.copytree(ROOT / folder, root / folder)
         shutil.copytree(ROOT / "solutions", root / "katas")
+        shutil.copy(ROOT / "pyproject.toml", root)  # a learner's course has it: its pytest settings (addopts)
 
         def run(target, **env):
             start = time.monotonic()
@@ -161,6 +163,7 @@ def plain_runs(labs: list[str], runs: int) -> list[tuple]:
         untouched.mkdir()
         for folder in ("graders", "solutions", "katas"):
             shutil.copytree(ROOT / folder, untouched / folder)
+        shutil.copy(ROOT / "pyproject.toml", untouched)
 
         def kata(*args):
             start = time.monotonic()

@@ -245,10 +245,14 @@ def _(case, g):
     configure_tiling(vae, case["tile"], case["overlap"])
     z = torch.randn((case["batch"], 4) + case["latent"], generator=g).to(torch.float16 if half else torch.float32)
     twin = _vae4_double() if four else _vae8_without_post_quant_conv_double() if plain else _vae8_double(half)
-    configure_tiling(twin, case["tile"], case["overlap"])
     with torch.no_grad():
         expected = vae.tiled_decode(z).sample
-        exact = twin.tiled_decode(z.double()).sample  # the same tiles and blends, in float64
+
+    @torch.no_grad()
+    def exact():  # the same tiles and blends, in float64; as costly as the reference, so computed where needed
+        configure_tiling(twin, case["tile"], case["overlap"])
+        return twin.tiled_decode(z.double()).sample
+
     name = f"tiled_decode-{case['latent'][0]}x{case['latent'][1]}-t{case['tile']}-o{case['overlap']}"
     return Scenario(inputs=dict(vae=vae, latents=z, tile_latent_size=case["tile"],
                                 overlap_factor=case["overlap"]),
@@ -468,16 +472,22 @@ def _(case, g):
     vae.disable_tiling()
     z = torch.randn((case["batch"], 4) + case["latent"], generator=g)
     twin = _vae8_without_post_quant_conv_double() if plain else _vae8_double()
-    twin.disable_tiling()
     vae.enable_slicing()
-    twin.enable_slicing()
     try:
         with torch.no_grad():
             expected = vae.decode(z).sample
-            exact = twin.decode(z.double()).sample
     finally:
         vae.disable_slicing()
-        twin.disable_slicing()
+
+    @torch.no_grad()
+    def exact():  # the same decode in float64, computed where needed
+        twin.disable_tiling()
+        twin.enable_slicing()
+        try:
+            return twin.decode(z.double()).sample
+        finally:
+            twin.disable_slicing()
+
     return Scenario(inputs=dict(vae=vae, latents=z), expected=expected, exact=exact)
 
 

@@ -97,9 +97,9 @@ def test_every_float_check_has_a_shadow_and_diffusers_is_within_rounding_of_it(l
                 f"{lab} {kata.name} [{check.name}] {case}: a float check without a float64 shadow")
             continue
         if isinstance(scenario.expected, float):
-            assert abs(scenario.expected - scenario.exact) <= ROUNDING["float"] * (1 + abs(scenario.exact))
+            assert abs(scenario.expected - scenario.shadow()) <= ROUNDING["float"] * (1 + abs(scenario.shadow()))
             continue
-        e, x = scenario.expected.double(), scenario.exact.double()
+        e, x = scenario.expected.double(), scenario.shadow().double()
         assert x.dtype == torch.float64 and x.shape == e.shape
         ok = torch.isfinite(x)
         worst = float(((e - x).abs() / (1 + x.abs()))[ok].max()) if ok.any() else 0.0
@@ -131,7 +131,7 @@ def test_the_shadow_allowance_never_lets_a_declared_trap_through(lab):
             if mismatch(wrong, scenario.expected, tol) is None:
                 continue  # the trap equals the reference here (clipping that clips nothing, say)
             key = (kata.name, check.name, trap.name)
-            rejected = mismatch(wrong, scenario.expected, tol, exact=scenario.exact) is not None
+            rejected = mismatch(wrong, scenario.expected, tol, exact=scenario.shadow()) is not None
             differs[key] = differs.get(key, False) or rejected
     through = [key for key, rejected in differs.items() if not rejected]
     assert not through, f"{lab}: traps through the shadow allowance in a whole check: {through}"

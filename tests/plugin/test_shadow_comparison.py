@@ -98,3 +98,36 @@ def test_an_error_of_rounding_size_above_diffusers_is_named_a_precision_problem(
     assert "a precision problem, not the formula" in problem
     wrong = (exact * 1.1).float()  # a formula off by 10%
     assert "a precision problem" not in mismatch(wrong, diffusers, TIGHT, exact=exact)
+
+
+# ---- a deferred shadow (Scenario.exact as a function): computed only where the tolerance alone fails ----------------
+def _deferred(value):
+    from diffusion_katas.core.spec import Scenario
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return value
+
+    return Scenario(inputs={}, expected=torch.tensor([1.0, 2.001]), exact=compute), calls
+
+
+def test_a_deferred_shadow_is_not_computed_for_an_output_within_the_tolerance():
+    from diffusion_katas.engine.comparison import scenario_mismatch
+
+    scenario, calls = _deferred(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert scenario_mismatch(torch.tensor([1.0, 2.001]), scenario, TIGHT) is None
+    assert calls == []
+
+
+def test_a_deferred_shadow_judges_as_a_given_one_and_is_computed_once():
+    from diffusion_katas.engine.comparison import scenario_mismatch
+
+    exact = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    scenario, calls = _deferred(exact)
+    closer = torch.tensor([1.0, 2.0])  # 1e-3 from diffusers, 0 from exact math: the shadow lets it through
+    wrong = torch.tensor([1.0, 2.0 + 2**-7])
+    assert scenario_mismatch(closer, scenario, TIGHT) is None
+    assert scenario_mismatch(wrong, scenario, TIGHT) == mismatch(wrong, scenario.expected, TIGHT, exact=exact)
+    assert calls == [1]

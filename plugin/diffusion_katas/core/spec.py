@@ -49,6 +49,9 @@ class Scenario:
     # on float64 tensors where it runs so). When given, a value also passes when it is no further from
     # exact math than diffusers' own rounding allows (tolerances.REFERENCE_ERROR): a more accurate
     # answer than diffusers is never wrong. None: only the check's tolerance against diffusers applies.
+    # A function of no arguments that computes it defers it: called (once) only where a value is outside the
+    # tolerance, for a shadow as costly as the reference itself (lab 11's float64 VAE decodes). It must compute
+    # from what it closes over alone (a shared model configured per case is configured inside it).
     exact: Any = None
     # The reference's generators after its call, by input name (torch.Generator objects): once the values
     # match, the learner's copies of those inputs must be left in the same state, i.e. the same draws taken
@@ -68,6 +71,26 @@ class Scenario:
     # (engine.helpers.fresh_rng_state(): no seed in it); `verify` then sees the state the call left. None: the
     # call gets a state of fresh entropy that nothing graded depends on.
     global_rng: Any = None
+
+    def __post_init__(self):
+        if callable(self.exact) and not isinstance(self.exact, _Deferred):
+            self.exact = _Deferred(self.exact)
+
+    def shadow(self) -> Any:
+        """The float64 shadow (`exact`), computed now where it was deferred."""
+        return self.exact.value() if isinstance(self.exact, _Deferred) else self.exact
+
+
+class _Deferred:
+    """A deferred shadow: computed on first use, then kept (a kept build's copies share it)."""
+
+    def __init__(self, compute: Callable[[], Any]):
+        self._compute, self._value, self._done = compute, None, False
+
+    def value(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._compute(), True
+        return self._value
 
 
 @dataclass

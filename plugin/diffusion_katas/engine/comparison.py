@@ -134,6 +134,16 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
     return None if actual == expected else f"{where} should be {describe(expected)}, got {describe(actual)}"
 
 
+def scenario_mismatch(actual: Any, scenario, tol: Tol) -> str | None:
+    """`mismatch` against a Scenario's expected value, its float64 shadow computed only where it is needed: the
+    shadow lets through values the tolerance alone would not, never the other way, so an output within the
+    tolerance passes without it (a deferred shadow, Scenario.exact as a function, is then never computed)."""
+    problem = mismatch(actual, scenario.expected, tol)
+    if problem is None or scenario.exact is None:
+        return problem
+    return mismatch(actual, scenario.expected, tol, exact=scenario.shadow())
+
+
 def _part(exact: Any, key: Any, kind) -> Any:
     """The shadow of one item of a container (None where the shadow has no such container or item)."""
     if not isinstance(exact, kind):

@@ -321,7 +321,7 @@ class KataItem(pytest.Item):
         """Every case of `check` through the learner's function, against the reference."""
         import torch
 
-        from diffusion_katas.engine.comparison import mismatch
+        from diffusion_katas.engine.comparison import scenario_mismatch
 
         runner = getattr(self, "runner", None)
         if runner is not None and fn in runner.open_reply.get("stubs", ()):
@@ -345,7 +345,7 @@ class KataItem(pytest.Item):
                     raise KataFailure(f"{self.last_context}\n{exc}", exc.reason, exc.detail) from None
                 finally:
                     torch.random.set_rng_state(own)
-            problem = mismatch(out, scenario.expected, tol, exact=scenario.exact)
+            problem = scenario_mismatch(out, scenario, tol)
             if problem:
                 raise KataFailure(self._failure(problem, scenario, out, tol, rng, fn, passed, scenarios))
             self._check_generators(scenario)
@@ -498,7 +498,7 @@ class KataItem(pytest.Item):
         branch of the learner's code, or another mistake that coincides with it on this case.
         After a failing function the learner's code calls ("fix X first"), nothing is named: the output is X's."""
         from diffusion_katas.core.tolerances import TRAP_CONFIRM
-        from diffusion_katas.engine.comparison import distance, has_finite, matches, mismatch
+        from diffusion_katas.engine.comparison import distance, has_finite, matches, scenario_mismatch
 
         if self.failing_dependencies():
             return None
@@ -528,7 +528,7 @@ class KataItem(pytest.Item):
                 except Exception:  # noqa: BLE001  (a crash or timeout further on: judged on what was seen)
                     break
                 theirs = dict(zip(alive, self._trap_outputs(other, [traps[i] for i in alive], other_rng)))
-                right = mismatch(mine, other.expected, other_tol, exact=other.exact) is None
+                right = scenario_mismatch(mine, other, other_tol) is None
                 for i, w in theirs.items():
                     if right:  # the learner is right here: the mistake holds if it does not show here either
                         holds = w is not _RAISED and matches(other.expected, w, other_tol)
