@@ -8,7 +8,8 @@ Two workarounds live here (the framework has no hook for them yet; the numpy one
 - numpy outputs ("np", uint8): diffusion_katas.engine.comparison handles tensors, not arrays, so those scenarios compare in
   their `verify` (array -> tensor, then diffusion_katas.engine.comparison.mismatch) and name the kata's traps themselves.
 - "sampled without the generator": the learner's draw comes from the global RNG, so each encode
-  scenario records the global RNG state it hands over; that trap replays the draw from it.
+  scenario hands over a global RNG state (Scenario.global_rng), from which the plugin runs the traps: that
+  trap's draw is the learner's.
 
 Precision: every float scenario also carries the float64 shadow of diffusers' answer (Scenario.exact):
 a float64 copy of the same VAE (copy.deepcopy(vae).double()) on the widened inputs, the posterior sample
@@ -111,7 +112,6 @@ ENCODE_CASES = [
     dict(vae="x8", shape=(1, 3, 64, 48), scaling_factor=SDXL, dtype="float32"),
     dict(vae="x2", shape=(3, 3, 24, 40), scaling_factor=SD15, dtype="float16"),
 ]
-_GLOBAL_RNG = {}  # the global RNG state each encode scenario hands to the learner (see the module doc)
 
 
 def encode_scenario(case, g, sample_posterior: bool, with_generator: bool = True) -> Scenario:
@@ -132,12 +132,12 @@ def encode_scenario(case, g, sample_posterior: bool, with_generator: bool = True
             eps = randn_tensor(z.shape, generator=torch.Generator().manual_seed(seed), dtype=vae.dtype)
             z = z + posterior.std * eps.double()
         exact = z * vae.config.scaling_factor
-    _GLOBAL_RNG["state"] = fresh_rng_state()  # the learner's call starts from it: a draw without `generator=` is named
+    state = fresh_rng_state()  # the learner's call (and the traps) start from it: a draw without `generator=` is named
     generator = torch.Generator().manual_seed(seed) if with_generator else None
     return Scenario(
         inputs=dict(vae=vae, images=images, generator=generator, sample_posterior=sample_posterior),
         expected=expected, exact=exact, label=f"scaling_factor {case['scaling_factor']}",
-        generators_after={"generator": drawn} if with_generator else None, global_rng=_GLOBAL_RNG["state"])
+        generators_after={"generator": drawn} if with_generator else None, global_rng=state)
 
 
 def vae64(vae):
@@ -209,8 +209,7 @@ def _(vae, images, generator=None, sample_posterior=True):
 @encode_latents.trap("a sample drawn when the mode was asked for",
                      hint="sample_posterior=False means the deterministic mode μ: latent_dist.mode().")
 def _(vae, images, generator=None, sample_posterior=True):
-    if generator is None:  # a draw from the global RNG: replay it from the state the learner started with
-        torch.set_rng_state(_GLOBAL_RNG["state"])
+    # without a generator, a draw from the global RNG: traps start from the state the learner's call started from
     return _posterior(vae, images).sample(generator) * vae.config.scaling_factor
 
 
@@ -218,9 +217,8 @@ def _(vae, images, generator=None, sample_posterior=True):
                      hint="Pass the generator: latent_dist.sample(generator). Without it ε comes from the global "
                           "RNG, and the same seed no longer gives the same latents.")
 def _(vae, images, generator=None, sample_posterior=True):
-    if not sample_posterior or "state" not in _GLOBAL_RNG:
+    if not sample_posterior:
         raise LookupError("only meaningful for a sampled scenario")
-    torch.set_rng_state(_GLOBAL_RNG["state"])  # the state the learner's call started from
     return _posterior(vae, images).sample() * vae.config.scaling_factor
 
 

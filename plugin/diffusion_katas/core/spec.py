@@ -107,7 +107,14 @@ class Trap:
 
 @dataclass
 class Check:
-    """A family of scenarios for one kata function, expanded over `cases`."""
+    """A family of scenarios for one kata function, expanded over `cases`.
+
+    `build(case, g)` makes a case's scenario(s) from the case, `g` and the global RNG alone. The plugin builds the
+    next case while the runner computes the current one, so a build must not change what an earlier scenario's
+    closures (verify, on_mismatch, a deferred exact) or traps read outside its inputs: state a trap needs goes in
+    the scenario (Scenario.global_rng, the inputs), never in a module global that the next build overwrites. The
+    inputs themselves are safe: after the call they are read back as they were sent (a shared model configured
+    per case included)."""
 
     kata: "Kata"
     name: str

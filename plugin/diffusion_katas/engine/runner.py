@@ -241,19 +241,28 @@ class Runner:
             "answer_key_direct": tuple(answer_key_direct), "memory": memory, "cuda": cuda})
 
     def _ask(self, request: dict, inputs: bytes | None = None) -> dict:
-        """Send a request and wait for its reply, serving the remote models' calls that come first; the time
-        limit covers them all (a model call the grader runs is the learner's time too). What comes back is
-        untrusted: its size is bounded before it is read, its reading by the same clock, its contents checked
-        (`checked_reply`) before the grader uses any of it."""
-        import torch
+        """Send a request and wait for its reply (`_send`, then `_answer`)."""
+        self._send(request, inputs)
+        return self._answer()
 
+    def _send(self, request: dict, inputs: bytes | None = None) -> None:
+        """Send a request; its time limit starts now."""
         try:
             send(self.sock, pickle.dumps(request, protocol=5))
             if inputs is not None:
                 send(self.sock, inputs)
         except OSError:
             raise self._gone() from None
-        end = time.monotonic() + self.timeout
+        self._end = time.monotonic() + self.timeout
+
+    def _answer(self) -> dict:
+        """The reply to the request sent last, serving the remote models' calls that come first; the time limit
+        covers them all (a model call the grader runs is the learner's time too). What comes back is
+        untrusted: its size is bounded before it is read, its reading by the same clock, its contents checked
+        (`checked_reply`) before the grader uses any of it."""
+        import torch
+
+        end = self._end
         while True:
             blob = self._receive(end)
             try:
@@ -368,14 +377,30 @@ class Runner:
     def call(self, function: str, inputs: dict, rng=None, meter=None, observe: tuple = ()) -> dict:
         """One call of the learner's function; the runner's reply as a dict (kind: ok / raised / ...).
         The remote models among the inputs (a class with `kata_remote = True`) stay here: the runner gets
-        stand-ins whose calls `_ask` serves, and `remote_failures` holds what their checks raised."""
+        stand-ins whose calls `_answer` serves, and `remote_failures` holds what their checks raised."""
+        self.send_call(function, inputs, rng, meter, observe)
+        return self.reply()
+
+    def send_call(self, function: str, inputs: dict, rng=None, meter=None, observe: tuple = ()) -> "Sent":
+        """`call`'s first half: the call is sent and the runner starts on it; `reply()` waits for it. The inputs as
+        sent are returned (`Sent.inputs()` gives them back as they were, whatever changed the objects since)."""
         buffer = io.BytesIO()
         self.remote, self.remote_failures = {}, []
         self.remote_calls = self.remote_bytes = 0
         _Outbound(buffer, self.remote).dump(inputs)
+        sent = Sent(buffer.getvalue(), dict(self.remote))
         try:
-            return self._ask({"op": "call", "function": function, "rng": rng, "meter": meter,
-                              "observe": list(observe)}, buffer.getvalue())
+            self._send({"op": "call", "function": function, "rng": rng, "meter": meter,
+                        "observe": list(observe)}, sent.blob)
+        except BaseException:
+            self.remote = {}
+            raise
+        return sent
+
+    def reply(self) -> dict:
+        """The reply to the call `send_call` sent."""
+        try:
+            return self._answer()
         finally:
             self.remote = {}
 
@@ -388,6 +413,24 @@ class Runner:
         self.sock.close()
         _kill_group(self.pid)
         self.zygote.forget(self.pid)
+
+
+class Sent:
+    """A call's inputs as they were pickled for the runner (the grader's own bytes: trusted), its remote models
+    kept as the same objects."""
+
+    def __init__(self, blob: bytes, remote: dict):
+        self.blob, self.remote = blob, remote
+
+    def inputs(self) -> dict:
+        """A copy of the inputs as they were when sent, for the grader's own use (its traps)."""
+        remote = self.remote
+
+        class _Back(pickle.Unpickler):
+            def persistent_load(self, pid):
+                return remote[pid[1]]
+
+        return _Back(io.BytesIO(self.blob)).load()
 
 
 class _Outbound(pickle.Pickler):

@@ -264,16 +264,31 @@ class KataItem(pytest.Item):
         The call starts from the global RNG state `rng` (Scenario.global_rng), or one of fresh entropy: never a
         state derived from the seed. The state it leaves is kept in `last_rng_after`; the grader's own global RNG
         goes on as if the call had not happened (its later draws do not depend on the learner's)."""
+        sent = self.send_learner(fn, inputs, meter, rng, observe)
+        return self.learner_reply(fn, sent, meter)
+
+    def send_learner(self, fn: str, inputs: dict, meter=None, rng=None, observe: tuple = ()):
+        """`call_learner`'s first half: the call sent, the runner working on it; the inputs as sent returned."""
         from diffusion_katas.engine.helpers import fresh_rng_state
-        from diffusion_katas.engine.runner import RemoteError, RunnerGone, decode
+        from diffusion_katas.engine.runner import RunnerGone
 
         if self.runner is None or self.runner.closed:
             raise KataFailure(f"{self.last_context}\n  (the runner for this check has ended)", Reason.CRASH)
         self.runner.timeout = max(0.1, self.deadline - time.monotonic())
-        sent = rng if rng is not None else fresh_rng_state()
+        state_sent = rng if rng is not None else fresh_rng_state()
         self.last_rng_after, self.last_observed = None, {}
         try:
-            data = self.runner.call(fn, inputs, sent, meter, observe)
+            return self.runner.send_call(fn, inputs, state_sent, meter, observe)
+        except RunnerGone as gone:
+            self._echo()
+            raise self._gone(gone) from None
+
+    def learner_reply(self, fn: str, sent, meter=None):
+        """`call_learner`'s second half: the reply to the call `send_learner` sent, sorted."""
+        from diffusion_katas.engine.runner import RemoteError, RunnerGone, decode
+
+        try:
+            data = self.runner.reply()
         except RunnerGone as gone:
             self._echo()
             raise self._gone(gone) from None
@@ -302,7 +317,7 @@ class KataItem(pytest.Item):
             where = _todo_origin(error.frames, self.parent.source)
             if where is not None:
                 raise KataTodo(self.kata.name, where) from None
-        raise LearnerCrash(self.last_context, error, self._crash_trap(inputs, error))
+        raise LearnerCrash(self.last_context, error, self._crash_trap(sent.inputs(), error))
 
     def _crash_trap(self, inputs: dict, error):
         """The first trap that, run on the same inputs, raises the same error (its type and message): the mistake
@@ -330,8 +345,21 @@ class KataItem(pytest.Item):
             raise KataTodo(self.kata.name, "")
         scenarios = self._scenarios(check)
         passed = []  # the scenarios the learner's function got right, for naming a mistake it makes later
-        for scenario, tol, rng in scenarios:
-            out = self.call_learner(fn, scenario.inputs, rng=rng, observe=scenario.observe)
+        following = _Built.next_of(scenarios)
+        while following is not None:
+            scenario, tol, rng = following.result()
+            context = self.last_context
+            sent = self.send_learner(fn, scenario.inputs, rng=rng, observe=scenario.observe)
+            # The next case is built while the runner computes this one (two cores at work, not one after the
+            # other), except where this call's remote models run here: their calls come in while the grader waits.
+            # From here on this scenario's inputs are read as they were sent (`_AsSent`): a build may configure a
+            # model it shares between cases. The next case's context is its own; this one's is restored.
+            ahead = not sent.remote
+            if ahead:
+                following, following_context = _Built.next_of(scenarios), self.last_context
+                self.last_context = context
+            out = self.learner_reply(fn, sent)
+            scenario = _AsSent(scenario, sent)
             if scenario.verify is not None:
                 own = torch.random.get_rng_state()
                 # verify sees the global RNG as the call left it (where the reference drew from it)
@@ -347,9 +375,22 @@ class KataItem(pytest.Item):
                     torch.random.set_rng_state(own)
             problem = scenario_mismatch(out, scenario, tol)
             if problem:
-                raise KataFailure(self._failure(problem, scenario, out, tol, rng, fn, passed, scenarios))
+                later = self._then(following, following_context, scenarios) if ahead else scenarios
+                raise KataFailure(self._failure(problem, scenario, out, tol, rng, fn, passed, later))
             self._check_generators(scenario)
             passed.append((scenario, tol, rng, self.last_context.splitlines()[0]))
+            if ahead:
+                self.last_context = following_context
+            else:
+                following = _Built.next_of(scenarios)
+
+    def _then(self, following: "_Built | None", context: str, rest):
+        """The scenarios after a failing one: the one built ahead (with its context), then the rest."""
+        if following is not None:
+            item = following.result()
+            self.last_context = context
+            yield item
+        yield from rest
 
     def _scenarios(self, check: Check):
         """Every scenario of `check`, case by case: (scenario, its tolerance, the global RNG state the learner's
@@ -715,6 +756,47 @@ class Learner:
 
 
 _RAISED = object()  # a trap's output where it raised: it explains nothing
+
+
+class _Built:
+    """The next scenario of a check, or the error its build raised: raised in its turn, after the scenario
+    before it is judged, as building one case after the other would."""
+
+    def __init__(self, item=None, error: BaseException | None = None):
+        self.item, self.error = item, error
+
+    @classmethod
+    def next_of(cls, scenarios) -> "_Built | None":
+        try:
+            return cls(next(scenarios))
+        except StopIteration:
+            return None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001  (a grader's error, a skip: kept for its turn)
+            return cls(error=exc)
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.item
+
+
+class _AsSent:
+    """A scenario whose inputs are read back as they were sent to the runner (a copy, made when first read): a
+    later case's build may have configured a model the cases share (lab 11's VAE tiling) since."""
+
+    def __init__(self, scenario: Scenario, sent):
+        self._scenario, self._sent, self._inputs = scenario, sent, None
+
+    def __getattr__(self, name):
+        return getattr(self._scenario, name)
+
+    @property
+    def inputs(self) -> dict:
+        if self._inputs is None:
+            self._inputs = self._sent.inputs()
+        return self._inputs
 
 
 def _how(how: str) -> str:
