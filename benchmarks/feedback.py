@@ -12,7 +12,10 @@ the ratios, not the milliseconds):
    function alone (commands/learner/incremental.py), in a scratch course whose katas are the solutions.
 5. a plain `python -m pytest katas/NN_lab.py` cold (KATA_NO_WARM=1) and a second one, handed to the course's
    warm grader (core/warm.py), with that grader's resident memory (its process and its runners' warm parent);
-6. the first `kata progress` on an untouched course and `kata see 01` on a TODO lab (both read, not graded).
+6. the first `kata progress` on an untouched course and `kata see 01` on a TODO lab (both read, not graded);
+7. the whole course `python -m pytest --solutions` (never through the warm grader: an instructor's check).
+Each row with a target (issue 27's, set in seconds when the floor measured 1.44 s, so read as that multiple of
+today's floor) says whether it is met.
 Graded on the solutions (`--solutions`, or a scratch course whose katas are the solutions), so every check runs
 to the end. This is a script, not a test.
 """
@@ -31,9 +34,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(command: list[str]) -> float:
+# Issue 27's targets in seconds on the machine where the floor measured FLOOR_THEN: compared as multiples of the floor.
+FLOOR_THEN = 1.44
+COLD_TARGET = 3.0 * FLOOR_THEN  # a lab's first (cold) plain run
+WARM_TARGETS = {"01": 0.5, "05": 1.5, "11": 3.5}  # a second plain run, through the warm grader
+PROGRESS_TARGET, SEE_TARGET, COURSE_TARGET = 3.0, 2.0, 30.0
+
+
+def timed(command: list[str], env: dict | None = None) -> float:
     start = time.monotonic()
-    subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
     return time.monotonic() - start
 
 
@@ -146,9 +156,10 @@ def plain_runs(labs: list[str], runs: int) -> list[tuple]:
                     time.sleep(0.2)
                 run(target)  # a first request of this lab
                 hot = [run(target) for _ in range(runs)]
-                rows.append((f"{target}: cold plain `python -m pytest {target}`", cold, None))
+                rows.append((f"{target}: cold plain `python -m pytest {target}`", cold, None,
+                             COLD_TARGET if name == "01" else None))
                 rows.append((f"{target}: a second plain `python -m pytest {target}` (the warm grader)",
-                             statistics.median(hot), min(hot)))
+                             statistics.median(hot), min(hot), WARM_TARGETS.get(name)))
             pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", warm.log_path(root).read_text())]
             rss = sum(_rss(pid) + sum(_rss(child) for child in _children(pid)) for pid in pids[-1:])
             rows.append((f"the warm grader's resident memory (with its runners' warm parent): {rss / 2**20:.0f} MiB",
@@ -171,9 +182,17 @@ def plain_runs(labs: list[str], runs: int) -> list[tuple]:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=learner_env(), check=False)
             return time.monotonic() - start
 
-        rows.append(("first `kata progress` on an untouched course", kata("progress"), None))
-        rows.append(("`kata see 01` on a TODO lab", statistics.median(kata("see", "01") for _ in range(runs)), None))
+        rows.append(("first `kata progress` on an untouched course", kata("progress"), None, PROGRESS_TARGET))
+        rows.append(("`kata see 01` on a TODO lab", statistics.median(kata("see", "01") for _ in range(runs)), None,
+                     SEE_TARGET))
     return rows
+
+
+def course_runs(runs: int) -> list[tuple]:
+    """The whole course graded on the solutions, cold (as an instructor checks it; never the warm grader)."""
+    times = [timed([sys.executable, "-m", "pytest", "--solutions", "-q", "-p", "no:cacheprovider"], learner_env())
+             for _ in range(runs)]
+    return [("the whole course: `python -m pytest --solutions`", statistics.median(times), min(times), COURSE_TARGET)]
 
 
 def _rss(pid: int) -> int:
@@ -197,7 +216,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--labs", nargs="*", default=["01", "05", "11"])
-    parser.add_argument("--plain-only", action="store_true", help="only rows 5 and 6 (and the floor)")
+    parser.add_argument("--plain-only", action="store_true", help="only rows 5, 6 and 7 (and the floor)")
+    parser.add_argument("--no-course", action="store_true", help="without row 7 (the whole course, ~1 min a run)")
     args = parser.parse_args()
 
     from diffusion_katas.commands.running import WarmGrader
@@ -226,12 +246,18 @@ def main() -> int:
     finally:
         warm.close()
     rows += plain_runs(args.labs, args.runs)
-    print(f"| what | median s | x floor | best s |\n|---|---|---|---|")
-    for what, seconds, best in rows:
+    if not args.no_course:
+        rows += course_runs(args.runs)
+    print(f"| what | median s | x floor | best s | target | met |\n|---|---|---|---|---|---|")
+    for what, seconds, best, *target in rows:
         if seconds is None:
-            print(f"| {what} | | | |")
+            print(f"| {what} | | | | | |")
             continue
-        print(f"| {what} | {seconds:.2f} | {seconds / floor:.2f}x | {'' if best is None else f'{best:.2f}'} |")
+        goal = target[0] if target else None
+        aim = "" if goal is None else f"{goal / FLOOR_THEN:.2f}x ({goal:g} s at a {FLOOR_THEN} s floor)"
+        met = "" if goal is None else ("yes" if seconds / floor <= goal / FLOOR_THEN else "no")
+        print(f"| {what} | {seconds:.2f} | {seconds / floor:.2f}x | {'' if best is None else f'{best:.2f}'} | {aim} "
+              f"| {met} |")
     return 0
 
 
