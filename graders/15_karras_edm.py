@@ -138,10 +138,13 @@ def _(case, g):
 
 
 def ladder(n, sigma_min, sigma_max, rho, *, rho_on_sigma=False, ascending=False, no_terminal=False,
-           terminal_min=False, ramp_over_n=False, linear=False, log_linear=False):
+           terminal_min=False, ramp_over_n=False, linear=False, log_linear=False, ramp_divided=False):
     """The ladder with one misconception switched on (for traps); all switches off = correct."""
     if ramp_over_n:
         ramp = torch.linspace(0, 1, n + 1, dtype=torch.float64)[:n]
+    elif ramp_divided:
+        ramp = torch.arange(n, dtype=torch.float64) / (n - 1) if n > 1 else torch.full((1,), float("nan"),
+                                                                                         dtype=torch.float64)
     else:
         ramp = torch.linspace(0, 1, n, dtype=torch.float64)
     if rho_on_sigma:
@@ -160,8 +163,8 @@ def ladder(n, sigma_min, sigma_max, rho, *, rho_on_sigma=False, ascending=False,
     return torch.cat([sigmas, sigmas[-1:] if terminal_min else sigmas.new_zeros(1)])
 
 
-def _ladder_trap(name: str, hint: str, **bug):
-    @karras_sigmas.trap(name, hint=hint)
+def _ladder_trap(name: str, hint: str, nonfinite: bool = False, **bug):
+    @karras_sigmas.trap(name, hint=hint, nonfinite=nonfinite)
     def _(num_inference_steps, sigma_min, sigma_max, rho=7.0):
         return ladder(num_inference_steps, sigma_min, sigma_max, rho, **bug)
 
@@ -179,6 +182,9 @@ _ladder_trap("σ_min repeated as the terminal σ instead of 0",
              terminal_min=True)
 _ladder_trap("ramp i/n instead of i/(n − 1) (σ_min never reached)",
              "The ramp is linspace(0, 1, n): its last value is 1, so σ_{n−1} = σ_min exactly.", ramp_over_n=True)
+_ladder_trap("the ramp as arange(n)/(n − 1): 0/0 for a single step",
+             "For n = 1 the ramp is [0] (linspace(0, 1, 1)), so the ladder is [σ_max, 0]; arange(n)/(n − 1) divides "
+             "0 by 0 there.", nonfinite=True, ramp_divided=True)
 _ladder_trap("ρ ignored (evenly spaced in σ)",
              "Space the steps evenly in σ^{1/ρ}, not in σ: ρ = 7 crowds them at low noise.", linear=True)
 _ladder_trap("evenly spaced in log σ (the exponential schedule)",
@@ -258,6 +264,14 @@ def _interp(x: torch.Tensor, xp: torch.Tensor, clamp: bool = True) -> torch.Tens
                       "almost exponentially with t, so a straight line in σ puts t off between entries.")
 def _(sigmas, train_sigmas):
     return _interp(sigmas, train_sigmas).float()
+
+
+@sigma_to_t.trap("the interpolation weights swapped (t = j + 1 − w)",
+                 hint="w measures how far σ is from entry j towards j + 1: t = j + w, so σ = σ_j gives t = j.")
+def _(sigmas, train_sigmas):
+    t = _interp(sigmas.log(), train_sigmas.log())
+    j = t.floor().clamp(max=len(train_sigmas) - 2)
+    return (2 * j + 1 - t).float()
 
 
 @sigma_to_t.trap("rounded to the nearest integer timestep",
@@ -377,6 +391,12 @@ def _(sample, sigma, sigma_data=0.5):
     return _inputs(sample, sigma, lambda s: 1 / (s**2 + sigma_data**2) ** 0.5, lambda s: s)
 
 
+@edm_model_inputs.trap("c_noise = ¼·log10 σ (the common log, not the natural one)",
+                       hint="c_noise = ¼·ln σ: torch.log, the natural logarithm.")
+def _(sample, sigma, sigma_data=0.5):
+    return _inputs(sample, sigma, lambda s: 1 / (s**2 + sigma_data**2) ** 0.5, lambda s: 0.25 * s.log10())
+
+
 @edm_model_inputs.trap("c_noise = ln σ (the ¼ dropped)",
                        hint="c_noise = ¼·ln σ: a quarter of the natural log.")
 def _(sample, sigma, sigma_data=0.5):
@@ -462,6 +482,15 @@ def _(sample, model_output, sigma, sigma_data=0.5, prediction_type="epsilon"):
     k = -_sign(prediction_type)
     return _mix(sample, model_output, sigma, lambda s: sigma_data**2 / (s**2 + sigma_data**2),
                 lambda s: k * s * sigma_data / (s**2 + sigma_data**2) ** 0.5)
+
+
+@edm_denoised.trap("for v_prediction, c_skip's sign flipped instead of c_out's",
+                   hint="v_prediction changes only c_out's sign (c_out = −σ·σ_data/√(σ² + σ_data²)); c_skip = "
+                        "σ_data²/(σ² + σ_data²) is the same for both prediction types.")
+def _(sample, model_output, sigma, sigma_data=0.5, prediction_type="epsilon"):
+    k = _sign(prediction_type)
+    return _mix(sample, model_output, sigma, lambda s: k * sigma_data**2 / (s**2 + sigma_data**2),
+                lambda s: s * sigma_data / (s**2 + sigma_data**2) ** 0.5)
 
 
 @edm_denoised.trap("σ_data forgotten (taken as 1)",
@@ -564,12 +593,22 @@ def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="
     return _denoised(model_output, sample, sigma, sigma_data, prediction_type).to(model_output.dtype)
 
 
-@edm_euler_step.trap("σ and σ_next swapped (the step goes back up in noise)",
-                     hint="σ_next < σ: the step size σ_next − σ is negative.")
+@edm_euler_step.trap("the step taken back up in noise (σ and σ_next swapped, or the slope as (x̂₀ − x)/σ)",
+                     hint="x_next = x + (σ_next − σ)·d with d = (x − x̂₀)/σ: σ_next < σ, so the step size is "
+                          "negative and the sample moves towards x̂₀. Flipping either sign moves it away.")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
     x = sample.double()
     d = (x - _denoised(model_output, sample, sigma, sigma_data, prediction_type)) / sigma.double()
     return (x + (sigma.double() - sigma_next.double()) * d).to(model_output.dtype)
+
+
+@edm_euler_step.trap("x̂₀ mixed from the network's input c_in·x, not the sample x",
+                     hint="c_in·x is what the network reads; the denoiser's skip term is c_skip·x, on the sample itself.")
+def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
+    x, s = sample.double(), sigma.double()
+    c_in = 1 / (s**2 + sigma_data**2) ** 0.5
+    denoised = _denoised(model_output, (x * c_in).to(sample.dtype), sigma, sigma_data, prediction_type).double()
+    return (x + (sigma_next.double() - s) * (x - denoised) / s).to(model_output.dtype)
 
 
 @edm_euler_step.trap("left in float32 for a float16 model",

@@ -101,8 +101,7 @@ MUTANTS = [
     ("edm_model_inputs", inputs_body(s="sigma.double()[:1].expand(len(sigma))"), "one σ for the whole batch"),
     ("edm_model_inputs",  # float32 scaled sample for a float16 network
      inputs_body(cast=".float()"), Fails("wrong", "has dtype")),
-    ("edm_model_inputs",  # c_noise as ¼·log10 σ
-     inputs_body(c_noise="0.25 * s.log10()"), Fails("wrong", "values differ")),
+    ("edm_model_inputs", inputs_body(c_noise="0.25 * s.log10()"), "c_noise = ¼·log10 σ"),
     ("edm_denoised",
      denoised_body(c_skip="k * s * sigma_data / (s ** 2 + sigma_data ** 2) ** 0.5",
                    c_out="sigma_data ** 2 / (s ** 2 + sigma_data ** 2)"), "c_skip and c_out swapped"),
@@ -120,12 +119,27 @@ MUTANTS = [
     ("edm_euler_step", step_body(update="x + (sigma_next - sigma) * model_output.float()"),
      "the network output used as the slope"),
     ("edm_euler_step", step_body(update="d0"), "returned x̂₀ instead of the next sample"),
-    ("edm_euler_step", step_body(update="x + (sigma - sigma_next) * (x - d0) / sigma"), "σ and σ_next swapped"),
+    ("edm_euler_step", step_body(update="x + (sigma - sigma_next) * (x - d0) / sigma"),
+     "the step taken back up in noise"),
     ("edm_euler_step", step_body(cast=""), "left in float32 for a float16 model"),
     ("edm_euler_step",  # the slope divided by σ_next (infinite at the last step, wrong before it)
      step_body(update="x + (sigma_next - sigma) * (x - d0) / sigma_next"), Fails("wrong")),
     ("edm_euler_step",  # the slope's sign flipped: (x̂₀ − x)/σ walks away from the data
-     step_body(update="x + (sigma_next - sigma) * (d0 - x) / sigma"), 'σ and σ_next swapped'),
+     step_body(update="x + (sigma_next - sigma) * (d0 - x) / sigma"), "the step taken back up in noise"),
+    ("edm_euler_step",  # x̂₀ mixed from the network's input c_in·x (the skip term on the scaled sample)
+     """
+    x_in = (sample.double() / (sigma.double() ** 2 + sigma_data ** 2) ** 0.5).to(sample.dtype)
+    d0 = edm_denoised(x_in, model_output, sigma.reshape(1).expand(sample.shape[0]), sigma_data, prediction_type)
+    x = sample.float()
+    return (x + (sigma_next - sigma) * (x - d0) / sigma).to(model_output.dtype)
+    """, "x̂₀ mixed from the network's input c_in·x"),
+    ("edm_denoised",  # v_prediction's sign put on c_skip instead of c_out
+     denoised_body(c_skip="k * sigma_data ** 2 / (s ** 2 + sigma_data ** 2)",
+                   c_out="s * sigma_data / (s ** 2 + sigma_data ** 2) ** 0.5"), "for v_prediction, c_skip's sign flipped"),
+    ("sigma_to_t", t_body(t="j + 1 - w"), "the interpolation weights swapped"),
+    ("karras_sigmas",  # arange(n)/(n − 1): 0/0 for a single step
+     ladder_body(ramp="torch.arange(num_inference_steps, dtype=torch.float64) / (num_inference_steps - 1)"),
+     "the ramp as arange(n)/(n − 1)"),
 ]
 
 
@@ -148,8 +162,8 @@ MUTANTS += [
     ("edm_sample", loop_body(x_in="x"), "the network fed x itself"),
     ("edm_sample", loop_body(start="(sample.float() * sigmas[0]).to(sample.dtype)"),
      "the starting sample multiplied by σ_0 again"),
-    ("edm_sample",  # the step onto σ = 0 skipped: the result is still noisy at σ_min
-     loop_body(rungs="range(len(sigmas) - 2)"), Fails("wrong")),
+    ("edm_sample",  # the step onto σ = 0 skipped: its call count says so before any value is compared
+     loop_body(rungs="range(len(sigmas) - 2)"), Fails("wrong", "the last step lands on σ = 0")),
     ("edm_sample",  # the network fed σ itself as its noise label
      loop_body(c_noise="sigmas[i]"), Fails("wrong")),
     ("edm_sample",  # two network calls per step (averaged): right values, twice the calls

@@ -510,14 +510,15 @@ class KataItem(pytest.Item):
         return outputs
 
     @staticmethod
-    def _explains(out, wrong, expected, tol) -> float | None:
+    def _explains(out, wrong, scenario: Scenario, tol) -> float | None:
         """How well a trap's output `wrong` explains the learner's wrong `out`: 0.0 within tolerance, else its
         closeness (comparison.closeness) where at most TRAP_NEAR; None where it does not explain it, or where the
         trap's output is itself right (a trap that does not show on these inputs names nothing)."""
         from diffusion_katas.core.tolerances import TRAP_NEAR
         from diffusion_katas.engine.comparison import closeness, matches
 
-        if wrong is _RAISED or matches(expected, wrong, tol):
+        expected = scenario.expected
+        if wrong is _RAISED or _passes(wrong, scenario, tol):
             return None
         if matches(out, wrong, tol):
             return 0.0
@@ -539,14 +540,14 @@ class KataItem(pytest.Item):
         branch of the learner's code, or another mistake that coincides with it on this case.
         After a failing function the learner's code calls ("fix X first"), nothing is named: the output is X's."""
         from diffusion_katas.core.tolerances import TRAP_CONFIRM
-        from diffusion_katas.engine.comparison import distance, has_finite, matches, scenario_mismatch
+        from diffusion_katas.engine.comparison import distance, has_finite, scenario_mismatch
 
         if self.failing_dependencies():
             return None
         finite = has_finite(out)
         traps = [t for t in self.kata.traps if finite or t.nonfinite]
         wrongs = self._trap_outputs(scenario, traps, rng)
-        scores = {i: self._explains(out, w, scenario.expected, tol) for i, w in enumerate(wrongs)}
+        scores = {i: self._explains(out, w, scenario, tol) for i, w in enumerate(wrongs)}
         alive = [i for i, sc in scores.items() if sc is not None]
         if not alive:
             return None
@@ -557,7 +558,7 @@ class KataItem(pytest.Item):
         for earlier, earlier_tol, earlier_rng, where in before:  # the learner was right there
             theirs = dict(zip(alive, self._trap_outputs(earlier, [traps[i] for i in alive], earlier_rng)))
             for i, w in theirs.items():
-                if w is _RAISED or not matches(earlier.expected, w, earlier_tol):
+                if w is _RAISED or not _passes(w, earlier, earlier_tol):
                     missed[i].append((where, True))
             seen.append(theirs)
         saved = (self.last_context, getattr(self, "last_called", []), getattr(self, "last_generators", {}),
@@ -572,9 +573,9 @@ class KataItem(pytest.Item):
                 right = scenario_mismatch(mine, other, other_tol) is None
                 for i, w in theirs.items():
                     if right:  # the learner is right here: the mistake holds if it does not show here either
-                        holds = w is not _RAISED and matches(other.expected, w, other_tol)
+                        holds = w is not _RAISED and _passes(w, other, other_tol)
                     else:
-                        sc = self._explains(mine, w, other.expected, other_tol)
+                        sc = self._explains(mine, w, other, other_tol)
                         holds = sc is not None
                         worst[i] = max(worst[i], sc) if holds else worst[i]
                         explained[i] += holds
@@ -608,8 +609,6 @@ class KataItem(pytest.Item):
         passed in this run (so it is not the learner's mistake). Those checks' scenarios are rebuilt as graded."""
         import torch
 
-        from diffusion_katas.engine.comparison import matches
-
         session = self.config.stash[state.SESSION]
         passed = {r.check for r in session.results if r.lab == self.lab and r.function == self.kata.name
                   and r.status == Status.PASSED and not r.hidden}
@@ -621,7 +620,7 @@ class KataItem(pytest.Item):
                     continue
                 for scenario, tol, rng in self._scenarios(check):
                     for i, w in enumerate(self._trap_outputs(scenario, traps, rng)):
-                        shows[i] = shows[i] or w is _RAISED or not matches(scenario.expected, w, tol)
+                        shows[i] = shows[i] or w is _RAISED or not _passes(w, scenario, tol)
         except Exception:  # noqa: BLE001  (evidence only: a check that cannot be rebuilt here tells nothing)
             pass
         finally:
@@ -756,6 +755,17 @@ class Learner:
 
 
 _RAISED = object()  # a trap's output where it raised: it explains nothing
+
+
+def _passes(output, scenario, tol) -> bool:
+    """Whether a trap's output would pass this scenario as the learner's would (the float64 shadow included): a
+    mistake that does not show here is judged by the same rule as an answer."""
+    from diffusion_katas.engine.comparison import scenario_mismatch
+
+    try:
+        return scenario_mismatch(output, scenario, tol) is None
+    except Exception:  # noqa: BLE001  (a trap's odd output must never break grading)
+        return False
 
 
 class _Built:
