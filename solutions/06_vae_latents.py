@@ -61,10 +61,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np  # torch imports it anyway: np.uint8 and friends are yours to use
 import torch
 
 if TYPE_CHECKING:  # types only: importing diffusers here would slow every run of this file
-    import numpy as np
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
 

@@ -231,7 +231,7 @@ def edm_euler_step(
 ) -> torch.Tensor:
     """One Euler step of the EDM probability-flow ODE, from σ to σ_next (EDMEulerScheduler, s_churn = 0).
 
-        D = c_skip·x + c_out·F   (as in `edm_denoised`)
+        D = c_skip·x + c_out·F   (as in `edm_denoised`, which takes one σ per sample: σ.expand(B))
         d = (x − D)/σ            (dx/dσ)
         x_next = x + (σ_next − σ)·d
 
