@@ -100,6 +100,13 @@ def _(block_out_channels):
     return 2 ** len(block_out_channels)
 
 
+@vae_scale_factor.trap("2·(n − 1) instead of 2^(n − 1)",
+                       hint="Each downsampling block halves H and W again: the factors multiply, 2·2·… = 2^(n − 1). "
+                            "2·(n − 1) agrees only for 2 and 3 blocks.")
+def _(block_out_channels):
+    return 2 * (len(block_out_channels) - 1)
+
+
 @vae_scale_factor.trap("a hard-coded 8",
                        hint="8 is Stable Diffusion's VAE; compute f from the config so any VAE works.")
 def _(block_out_channels):
@@ -191,6 +198,27 @@ def _(vae, images, generator=None, sample_posterior=True):
 def _(vae, images, generator=None, sample_posterior=True):
     p = _posterior(vae, images)
     return (p.sample(generator) if sample_posterior else p.mode()) / vae.config.scaling_factor
+
+
+@encode_latents.trap("ε scaled by the variance, not the standard deviation: μ + σ²·ε",
+                     hint="A sample of N(μ, σ²) is μ + σ·ε: latent_dist.std, not latent_dist.var (or sample(generator)).")
+def _(vae, images, generator=None, sample_posterior=True):
+    if not sample_posterior:
+        raise LookupError("only meaningful for a sampled scenario")
+    p = _posterior(vae, images)
+    eps = randn_tensor(p.mean.shape, generator=generator, device=p.mean.device, dtype=p.mean.dtype)
+    return (p.mean + p.var * eps) * vae.config.scaling_factor
+
+
+@encode_latents.trap("ε drawn in float64: other numbers than diffusers' draw in the VAE's dtype",
+                     hint="The same generator gives other numbers in another dtype: draw ε as diffusers does, in the "
+                          "posterior's dtype (latent_dist.sample(generator)), then compute as wide as you like.")
+def _(vae, images, generator=None, sample_posterior=True):
+    if not sample_posterior:
+        raise LookupError("only meaningful for a sampled scenario")
+    p = _posterior(vae, images)
+    eps = torch.randn(p.mean.shape, generator=generator, device=p.mean.device, dtype=torch.float64)
+    return ((p.mean.double() + p.std.double() * eps) * vae.config.scaling_factor).to(images.dtype)
 
 
 @encode_latents.trap("a hard-coded 0.18215",
@@ -294,6 +322,13 @@ def _(vae, latents):
     return _decoded(vae, latents, vae.config.scaling_factor)
 
 
+@decode_latents.trap("the decoder's output clamped to [−1, 1]",
+                     hint="decode_latents returns what the decoder makes, overshoot included; clamping belongs to "
+                          "postprocess, after the shift to [0, 1].")
+def _(vae, latents):
+    return _decoded(vae, latents, 1 / vae.config.scaling_factor).clamp(-1, 1)
+
+
 @decode_latents.trap("the scaling factor not undone",
                      hint="Divide the latents by vae.config.scaling_factor before decoding.")
 def _(vae, latents):
@@ -375,6 +410,13 @@ def _(images, output_type="pt"):
 def _(images, output_type="pt"):
     x = (images * 0.5 + 0.5).clamp(0, 1)
     return x if output_type == "pt" else x.cpu().float().numpy()
+
+
+@postprocess.trap("'np' channels last with H and W swapped (permute(0, 3, 2, 1))",
+                  hint="(B, 3, H, W) → (B, H, W, 3) is permute(0, 2, 3, 1): H stays before W.")
+def _(images, output_type="pt"):
+    x = (images * 0.5 + 0.5).clamp(0, 1)
+    return x if output_type == "pt" else x.cpu().permute(0, 3, 2, 1).float().numpy()
 
 
 @postprocess.trap("'np' left in float16",

@@ -118,6 +118,12 @@ def _(alpha, rank, use_rslora=False, adapter_weight=1.0, lora_scale=1.0):
     return ((alpha / rank) ** 0.5 if use_rslora else alpha / rank) * adapter_weight * lora_scale
 
 
+@lora_scaling.trap("α // r: integer division",
+                   hint="α/r is a true division (lora_alpha 8, r 3: 2.667, not 2). In Python 3 `/` is; `//` floors.")
+def _(alpha, rank, use_rslora=False, adapter_weight=1.0, lora_scale=1.0):
+    return (alpha / rank**0.5 if use_rslora else alpha // rank) * adapter_weight * lora_scale
+
+
 @lora_scaling.trap("the adapter weight (set_adapters) left out",
                    hint="set_adapters(names, weights) sets each adapter's scaling to weight · α/r: "
                         "multiply by it.")
@@ -346,6 +352,12 @@ def _(weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
     return weight + _delta(lora_A, lora_B, 1.0, fan_in_fan_out).to(weight.dtype)
 
 
+@merge_lora.trap("the scaling applied twice (ΔW already holds it)",
+                 hint="lora_delta's ΔW = scaling · B A already carries the scaling: add it as it is.")
+def _(weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
+    return weight + (_delta(lora_A, lora_B, scaling, fan_in_fan_out) * scaling).to(weight.dtype)
+
+
 @merge_lora.trap("ΔW subtracted instead of added",
                  hint="Fusing adds ΔW (W + s·BA); unfusing is the one that subtracts.")
 def _(weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
@@ -500,6 +512,13 @@ def _(x, weight, bias, lora_A, lora_B, scaling):
                         "(bias may be None).")
 def _(x, weight, bias, lora_A, lora_B, scaling):
     return F.linear(x, weight) + F.linear(F.linear(x, lora_A), lora_B) * scaling
+
+
+@lora_forward.trap("the bias put in the scaled side path: scaling · ((x Aᵀ) Bᵀ + b)",
+                   hint="The bias belongs to the frozen base layer: y = (x Wᵀ + b) + scaling · (x Aᵀ) Bᵀ.")
+def _(x, weight, bias, lora_A, lora_B, scaling):
+    side = F.linear(F.linear(x, lora_A), lora_B)
+    return F.linear(x, weight) + (side if bias is None else side + bias) * scaling
 
 
 @lora_forward.trap("only the adapter's update returned",

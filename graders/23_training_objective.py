@@ -372,7 +372,7 @@ def _(case, g):
 
 def _ddpm_loss(unet, scheduler, latents, encoder_hidden_states, generator, snr_gamma=None, noise_offset=0.0, *,
                timesteps_first=False, offset_shape=None, offset=True, t_from=0, eps_target=False, plain_min=False,
-               mean_of_means=False):
+               mean_of_means=False, target_without_offset=False):
     """The step with one misconception switched on (for traps); all off is the script."""
     B, T = latents.shape[0], scheduler.config.num_train_timesteps
     kind = scheduler.config.prediction_type
@@ -382,13 +382,15 @@ def _ddpm_loss(unet, scheduler, latents, encoder_hidden_states, generator, snr_g
 
     t = draw_t() if timesteps_first else None
     noise = torch.randn(latents.shape, generator=generator)
+    plain = noise
     if noise_offset and offset:
         shape = latents.shape if offset_shape == "full" else (B, latents.shape[1], 1, 1)
         noise = noise + noise_offset * torch.randn(shape, generator=generator)
     t = draw_t() if t is None else t
     t = t.clamp_max(T - 1)
     noisy = scheduler.add_noise(latents, noise, t)
-    target = noise if kind == "epsilon" or eps_target else scheduler.get_velocity(latents, noise, t)
+    aimed = plain if target_without_offset else noise
+    target = aimed if kind == "epsilon" or eps_target else scheduler.get_velocity(latents, aimed, t)
     err = (unet(noisy, t, encoder_hidden_states).sample.float() - target.float()) ** 2
     if snr_gamma is None:
         return err.mean()
@@ -414,6 +416,9 @@ _ddpm_trap("the offset noise drawn at full size (B, C, H, W), not (B, C, 1, 1)",
 _ddpm_trap("noise_offset ignored",
            "With noise_offset > 0 add noise_offset · randn((B, C, 1, 1)) to the noise, drawn right after it.",
            offset=False)
+_ddpm_trap("the target built from the noise before the offset was added",
+           "The offset is part of the noise: x_t = add_noise(x₀, ε + offset, t), and the target is that same noise "
+           "(or its v). The model cannot predict a noise it was not given.", target_without_offset=True)
 _ddpm_trap("timesteps drawn from 1 to T instead of 0 to T − 1",
            "randint(0, T, (B,)) draws 0 … T − 1: the schedule's indices. 1 … T skips t = 0 and indexes past "
            "the table's end.", t_from=1)
@@ -724,7 +729,7 @@ def _(case, g):
 def _flow_loss(transformer, scheduler, latents, prompt_embeds, pooled_prompt_embeds, generator, weighting_scheme,
                logit_mean, logit_std, mode_scale, precondition_outputs, *, u_first=False, sigma_is_u=False,
                reversed_target=False, ignore_precondition=False, unweighted=False, mean_of_means=False,
-               swapped_mix=False, precondition_mix=None):
+               swapped_mix=False, precondition_mix=None, sigma_only_is_u=False, index_over=0):
     """The step with one misconception switched on (for traps); all off is the script."""
     B, T = latents.shape[0], scheduler.config.num_train_timesteps
 
@@ -734,11 +739,11 @@ def _flow_loss(transformer, scheduler, latents, prompt_embeds, pooled_prompt_emb
     u = draw_u() if u_first else None
     noise = torch.randn(latents.shape, generator=generator)
     u = draw_u() if u is None else u
-    index = (u * T).long()
+    index = (u * (T - index_over)).long()
     if sigma_is_u:
         t, sigmas = u * T, _per_sample(u, latents)
     else:
-        t, sigmas = scheduler.timesteps[index], _per_sample(scheduler.sigmas[index], latents)
+        t, sigmas = scheduler.timesteps[index], _per_sample(u if sigma_only_is_u else scheduler.sigmas[index], latents)
     noisy = sigmas * latents + (1 - sigmas) * noise if swapped_mix else (1 - sigmas) * latents + sigmas * noise
     pred = transformer(hidden_states=noisy, timestep=t, encoder_hidden_states=prompt_embeds,
                        pooled_projections=pooled_prompt_embeds).sample
@@ -766,6 +771,12 @@ _flow_trap("the ladder not looked up: timestep u·T and σ = u",
            "u picks an index of the training ladder, i = ⌊u·T⌋; the timestep and σ are the ladder's at i "
            "(scheduler.timesteps[i], scheduler.sigmas[i]). The ladder runs from noise to clean and is shifted "
            "(shift 3: σ ≠ u, not even 1 − u).", sigma_is_u=True)
+_flow_trap("σ = u, though the timestep is the ladder's",
+           "The ladder is shifted (shift 3): its σ at index ⌊u·T⌋ is not u. Look both up at the same index: "
+           "scheduler.timesteps[i] and scheduler.sigmas[i].", sigma_only_is_u=True)
+_flow_trap("the ladder index ⌊u·(T − 1)⌋ instead of ⌊u·T⌋",
+           "The script indexes the ladder at (u · num_train_timesteps).long(): T, not T − 1 (u < 1 keeps it in range).",
+           index_over=1)
 _flow_trap("u drawn before the noise",
            "Draw in the script's order from the one generator: the noise first, then u.", u_first=True)
 _flow_trap("the target reversed: x₀ − ε",

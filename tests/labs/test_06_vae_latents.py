@@ -98,6 +98,33 @@ MUTANTS = [
      "return ((images / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().numpy() * 256).round().clip(0, 255)"
      ".astype('uint8')",
      Fails("wrong", "values differ")),
+    ("vae_scale_factor", "return 2 * (len(block_out_channels) - 1)", "2·(n − 1) instead of 2^(n − 1)"),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     if not sample_posterior:
+         return posterior.mode() * vae.config.scaling_factor
+     eps = torch.randn(posterior.mean.shape, generator=generator, dtype=posterior.mean.dtype)
+     return (posterior.mean + posterior.var * eps) * vae.config.scaling_factor
+     """,
+     "ε scaled by the variance"),
+    ("encode_latents",
+     """
+     posterior = vae.encode(images).latent_dist
+     if not sample_posterior:
+         return posterior.mode() * vae.config.scaling_factor
+     eps = torch.randn(posterior.mean.shape, generator=generator, dtype=torch.float64)
+     return ((posterior.mean.double() + posterior.std.double() * eps) * vae.config.scaling_factor).to(images.dtype)
+     """,
+     "ε drawn in float64"),
+    ("decode_latents", "return vae.decode(latents / vae.config.scaling_factor).sample.clamp(-1, 1)",
+     "the decoder's output clamped to [−1, 1]"),
+    ("postprocess",
+     """
+     x = (images / 2 + 0.5).clamp(0, 1)
+     return x if output_type == "pt" else x.permute(0, 3, 2, 1).float().numpy()
+     """,
+     "'np' channels last with H and W swapped"),
 ]
 
 

@@ -28,6 +28,8 @@ MUTANTS = [
     ("lora_scaling",
      "return (alpha / math.sqrt(rank) if use_rslora else alpha / rank) * adapter_weight",
      "the lora_scale (fuse_lora) left out"),
+    ("lora_scaling", "return (alpha / math.sqrt(rank) if use_rslora else alpha // rank) * adapter_weight * lora_scale",
+     "α // r: integer division"),
     ("lora_scaling",  # lora_scale applied twice
      "return (alpha / math.sqrt(rank) if use_rslora else alpha / rank) * adapter_weight * lora_scale ** 2",
      Fails("wrong", "expected")),
@@ -60,6 +62,8 @@ MUTANTS = [
      "ΔW subtracted instead of added"),
     ("merge_lora", "return weight + lora_delta(lora_A, lora_B, scaling).to(weight.dtype)",
      "fan_in_fan_out ignored"),
+    ("merge_lora", "return weight + (lora_delta(lora_A, lora_B, scaling, fan_in_fan_out) * scaling).to(weight.dtype)",
+     "the scaling applied twice"),
     ("merge_lora",  # the update alone
      "return lora_delta(lora_A, lora_B, scaling, fan_in_fan_out).to(weight.dtype)", Fails("wrong", "values differ")),
     ("unmerge_lora",
@@ -85,6 +89,14 @@ MUTANTS = [
      "the bias left out"),
     ("lora_forward", "return F.linear(F.linear(x, lora_A), lora_B) * scaling",
      "only the adapter's update returned"),
+    ("lora_forward",
+     """
+     side = F.linear(F.linear(x, lora_A), lora_B)
+     if bias is not None:
+         side = side + bias
+     return F.linear(x, weight) + side * scaling
+     """,
+     "the bias put in the scaled side path"),
     ("lora_forward",  # A and B used untransposed: a shape error from the learner's own line
      "return F.linear(x, weight, bias) + (x @ lora_A @ lora_B) * scaling", Fails("crash", "raised RuntimeError")),
 ]

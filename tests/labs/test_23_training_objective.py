@@ -189,6 +189,23 @@ MUTANTS = [
      "the weights applied to the batch's overall mean"),
     ("flow_matching_loss",  # σ read as 1 − u (the ladder runs from noise to clean), the timestep as (1 − u)·T
      flow_body(lookup="(1 - u) * T, 1 - u"), Fails("wrong", "values differ")),
+    ("flow_matching_loss", flow_body(lookup="scheduler.timesteps[index], u"), "σ = u, though the timestep is the ladder's"),
+    ("flow_matching_loss", flow_body(lookup="scheduler.timesteps[(u * (T - 1)).long()], "
+                                            "scheduler.sigmas[(u * (T - 1)).long()]"), "the ladder index ⌊u·(T − 1)⌋"),
+    ("ddpm_training_loss",  # the offset added to the noise the UNet sees, not to the target
+     """
+    B, T, kind = latents.shape[0], scheduler.config.num_train_timesteps, scheduler.config.prediction_type
+    eps = torch.randn(latents.shape, generator=generator)
+    noise = eps + noise_offset * torch.randn((B, latents.shape[1], 1, 1), generator=generator) if noise_offset else eps
+    t = torch.randint(0, T, (B,), generator=generator)
+    noisy = scheduler.add_noise(latents, noise, t)
+    target = training_target(kind, latents, eps, scheduler.alphas_cumprod, t)
+    err = (unet(noisy, t, encoder_hidden_states).sample.float() - target.float()) ** 2
+    if snr_gamma is None:
+        return err.mean()
+    w = min_snr_weights(snr(scheduler.alphas_cumprod, t), snr_gamma, kind)
+    return (err.mean(dim=(1, 2, 3)) * w).mean()
+    """, "the target built from the noise before the offset was added"),
 ]
 
 
