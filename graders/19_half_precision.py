@@ -54,11 +54,13 @@ def _values(kind: str, g: torch.Generator, dtype: str) -> torch.Tensor:
         x = torch.zeros(4, 4, dtype=torch.float64)
     elif kind == "one_tiny":  # ordinary values and one 3e-5 (a float16 subnormal): float16 still wins
         x[2, 5] = 3e-5
+    elif kind == "exact":  # small integers: both casts exact, a tie (float16, as the rule says: err ≤ err)
+        x = torch.randint(-8, 9, (3, 17), generator=g).double()
     return x.to(getattr(torch, dtype))
 
 
 DTYPE_CASES = [dict(kind=k, dtype=d) for k in ("unit", "large", "tiny", "just_below_inf", "wide_but_normal", "one_tiny")
-               for d in ("float32", "float64")] + [dict(kind="zeros", dtype="float32")]
+               for d in ("float32", "float64")] + [dict(kind="zeros", dtype="float32"), dict(kind="exact", dtype="float32")]
 
 
 def _rel(x: torch.Tensor, dtype: torch.dtype) -> float:
@@ -94,6 +96,14 @@ def _(x):  # declared first: it and "range alone" both say bfloat16 at 65510, wh
                           "a few bits (1e-7 keeps one). Compare the relative errors of the two casts.")
 def _(x):
     return "float16" if float(x.abs().max()) <= torch.finfo(torch.float16).max else "bfloat16"
+
+
+@half_dtype_for.trap("a tie resolved to bfloat16 (err(float16) < err(bfloat16) instead of ≤)",
+                     hint="Where both casts lose the same (values exact in both, or all zeros), keep float16: its "
+                          "finer mantissa is the better bet for what comes next. float16 if err(float16) ≤ "
+                          "err(bfloat16).")
+def _(x):
+    return "float16" if _rel(x, torch.float16) < _rel(x, torch.bfloat16) else "bfloat16"
 
 
 @half_dtype_for.trap("always bfloat16 (the wider range is always safer)",

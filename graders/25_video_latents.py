@@ -159,6 +159,7 @@ SHAPE_CASES = [
     dict(source="encoder", batch=2, num_frames=10, height=16, width=24, channels=8),  # a partial group at the end
     dict(source="encoder", batch=1, num_frames=5, height=24, width=16, spatial=4),
     dict(source="encoder", batch=1, num_frames=9, height=16, width=16, temporal=2),
+    dict(source="encoder", batch=1, num_frames=12, height=16, width=16),  # F a multiple of t: F // t + 1 says 4, not 3
 ]
 
 
@@ -182,6 +183,13 @@ def _(case, g):
                    hint="The first frame is a latent frame of its own: (F − 1) // t + 1 (9 frames → 3, not 2).")
 def _(batch_size, num_frames, height, width, latent_channels, temporal=4, spatial=8):
     return (batch_size, latent_channels, num_frames // temporal, height // spatial, width // spatial)
+
+
+@latent_shape.trap("F // t + 1 latent frames (right only where F − 1 is a multiple of t)",
+                   hint="The first frame has its own latent and the rest go t at a time: (F − 1) // t + 1. For 12 "
+                        "frames (t = 4): 1 + 11 // 4 = 3 (the last three frames are a partial group, dropped).")
+def _(batch_size, num_frames, height, width, latent_channels, temporal=4, spatial=8):
+    return (batch_size, latent_channels, num_frames // temporal + 1, height // spatial, width // spatial)
 
 
 # ---- encoder_chunks -------------------------------------------------------------------------------------

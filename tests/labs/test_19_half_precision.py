@@ -84,6 +84,9 @@ MUTANTS = [
      choice_body("((m <= 65504 and float(x.abs()[x != 0].min()) >= 6e-5) if (x != 0).any() else True)"),
      "the range rule of thumb"),
     ("half_dtype_for", choice_body("False"), "always bfloat16 (the wider range is always safer)"),
+    ("half_dtype_for",  # a tie (values exact in both dtypes, or zeros) resolved to bfloat16
+     choice_body("f16 < bf16"),
+     "a tie resolved to bfloat16"),
     ("half_dtype_for", choice_body("True"), "always float16 (more mantissa bits is always better)"),
     ("half_dtype_for",  # float16's range checked, and its smallest *normal* value as the floor, but 0 counted too
      choice_body("m <= 65504 and float(x.abs().min()) >= 6.1e-5"), 'the range rule of thumb'),

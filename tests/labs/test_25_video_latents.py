@@ -81,6 +81,8 @@ MUTANTS = [
      "return max(round((num_frames - 1) / temporal) * temporal + 1, 1)", 'rounded to the nearest t·k + 1'),
     ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal, height // spatial, width // spatial)",
      "F // t latent frames"),
+    ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal + 1, height // spatial, width // spatial)",
+     "F // t + 1 latent frames"),
     ("latent_shape",  # height and width swapped
      "return (batch_size, latent_channels, (num_frames - 1) // temporal + 1, width // spatial, height // spatial)",
      Fails("wrong", "")),
