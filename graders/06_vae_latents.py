@@ -186,6 +186,13 @@ def _posterior(vae, images):
     return vae.encode(images).latent_dist
 
 
+def _sampled_posterior(vae, images, sample_posterior):
+    """The posterior, for a trap whose mistake is in how a sample is drawn (none where the mode was asked for)."""
+    if not sample_posterior:
+        raise LookupError("only meaningful for a sampled scenario")
+    return _posterior(vae, images)
+
+
 @encode_latents.trap("the scaling factor forgotten",
                      hint="The UNet works on unit-variance latents: multiply by vae.config.scaling_factor.")
 def _(vae, images, generator=None, sample_posterior=True):
@@ -203,9 +210,7 @@ def _(vae, images, generator=None, sample_posterior=True):
 @encode_latents.trap("ε scaled by the variance, not the standard deviation: μ + σ²·ε",
                      hint="A sample of N(μ, σ²) is μ + σ·ε: latent_dist.std, not latent_dist.var (or sample(generator)).")
 def _(vae, images, generator=None, sample_posterior=True):
-    if not sample_posterior:
-        raise LookupError("only meaningful for a sampled scenario")
-    p = _posterior(vae, images)
+    p = _sampled_posterior(vae, images, sample_posterior)
     eps = randn_tensor(p.mean.shape, generator=generator, device=p.mean.device, dtype=p.mean.dtype)
     return (p.mean + p.var * eps) * vae.config.scaling_factor
 
@@ -214,9 +219,7 @@ def _(vae, images, generator=None, sample_posterior=True):
                      hint="The same generator gives other numbers in another dtype: draw ε as diffusers does, in the "
                           "posterior's dtype (latent_dist.sample(generator)), then compute as wide as you like.")
 def _(vae, images, generator=None, sample_posterior=True):
-    if not sample_posterior:
-        raise LookupError("only meaningful for a sampled scenario")
-    p = _posterior(vae, images)
+    p = _sampled_posterior(vae, images, sample_posterior)
     eps = torch.randn(p.mean.shape, generator=generator, device=p.mean.device, dtype=torch.float64)
     return ((p.mean.double() + p.std.double() * eps) * vae.config.scaling_factor).to(images.dtype)
 
@@ -245,9 +248,7 @@ def _(vae, images, generator=None, sample_posterior=True):
                      hint="Pass the generator: latent_dist.sample(generator). Without it ε comes from the global "
                           "RNG, and the same seed no longer gives the same latents.")
 def _(vae, images, generator=None, sample_posterior=True):
-    if not sample_posterior:
-        raise LookupError("only meaningful for a sampled scenario")
-    return _posterior(vae, images).sample() * vae.config.scaling_factor
+    return _sampled_posterior(vae, images, sample_posterior).sample() * vae.config.scaling_factor
 
 
 # ---- decode_latents ---------------------------------------------------------------------------------
