@@ -87,16 +87,37 @@ def _(case, g):
 '''
 
 
+# When the grader reads the runner's answer to opening the kata file (written to the same order file).
+CONFTEST = '''
+from pathlib import Path
+
+from diffusion_katas.engine import runner
+
+_read = runner.Runner.open_reply.fget
+
+
+def _noted(self):
+    if self._opened is None:
+        with (Path(__file__).parent / "graders" / "order.txt").open("a") as f:
+            f.write("opened\\n")
+    return _read(self)
+
+
+runner.Runner.open_reply = property(_noted)
+'''
+
+
 class Lab:
     def __init__(self, pytester: pytest.Pytester):
         self.pytester = pytester
         pytester.makeini("[pytest]\nkata_graders_dir = graders\n")
+        pytester.makeconftest(CONFTEST)
         (pytester.path / "graders").mkdir()
         (pytester.path / "graders" / "01_toy.py").write_text(GRADER)
         (pytester.path / "katas").mkdir()
 
-    def kata(self, **bodies: str) -> None:
-        text = '"""Lab 01 · Toy lab"""\nimport torch\n\n'
+    def kata(self, top: str = "", **bodies: str) -> None:
+        text = '"""Lab 01 · Toy lab"""\nimport torch\n\n' + top
         for name in ("scale", "remote", "broken"):
             body = textwrap.indent(textwrap.dedent(bodies.get(name, "return model(x)")).strip(), "    ")
             text += f"\ndef {name}(model, x):\n{body}\n\n"
@@ -117,13 +138,47 @@ def lab(pytester: pytest.Pytester) -> Lab:
 def test_the_next_case_is_built_before_the_current_one_is_judged(lab):
     lab.kata()
     lab.run("-k", "scale").assert_outcomes(passed=1)
-    assert lab.order() == ["build 2", "build 3", "judge 2", "build 5", "judge 3", "judge 5"]
+    assert [line for line in lab.order() if line != "opened"] == [
+        "build 2", "build 3", "judge 2", "build 5", "judge 3", "judge 5"]
+
+
+def test_the_first_case_is_built_while_the_runner_imports_the_kata_file(lab):
+    lab.kata()
+    lab.run("-k", "scale").assert_outcomes(passed=1)
+    assert lab.order()[:3] == ["build 2", "opened", "build 3"]
+
+
+def test_nothing_is_built_for_a_todo_stub_while_its_runner_imports_the_file(lab):
+    lab.kata(scale='''"""Multiply."""\nraise NotImplementedError("TODO")''', top="x = 1\n")
+    result = lab.run("-k", "scale")
+    assert result.parseoutcomes().get("todo") == 1
+    assert lab.order() == ["opened"]
+
+
+def test_a_function_written_in_the_file_but_a_stub_when_imported_is_todo_though_its_first_case_was_built(lab):
+    lab.kata(top="def _todo(model, x):\n    raise NotImplementedError\n\n",
+             scale="return model(x)\n")
+    path = lab.pytester.path / "katas" / "01_toy.py"
+    path.write_text(path.read_text() + "\nscale = _todo\n")
+    result = lab.run("-k", "scale")
+    assert result.parseoutcomes().get("todo") == 1
+    assert lab.order() == ["build 2", "opened"]
+
+
+def test_a_kata_file_that_fails_to_import_says_so_though_the_first_case_was_built_meanwhile(lab):
+    lab.kata(top="raise ValueError('broken at import')\n")
+    result = lab.run("-k", "scale")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "broken at import" in out and "case 1/3" not in out
+    assert lab.order() == ["build 2", "opened"]
 
 
 def test_nothing_is_built_ahead_of_a_call_whose_remote_model_runs_in_the_grader(lab):
     lab.kata()
     lab.run("-k", "remote").assert_outcomes(passed=1)
-    assert lab.order() == ["build remote 2", "judge remote 2", "build remote 3", "judge remote 3"]
+    assert [line for line in lab.order() if line != "opened"] == [
+        "build remote 2", "judge remote 2", "build remote 3", "judge remote 3"]
 
 
 def test_a_trap_runs_on_the_inputs_as_sent_though_the_next_build_configured_the_shared_model_since(lab):

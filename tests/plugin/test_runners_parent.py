@@ -12,3 +12,17 @@ def test_a_run_of_several_labs_grades_them_all_while_the_warm_parent_loads_their
         shutil.copy(root / "katas" / "01_toy.py", root / "katas" / f"{n}_toy.py")
     result = toy.pytester.runpytest_subprocess("katas", "-m", "not budget", "--kata-no-warm", timeout=240)
     result.assert_outcomes(passed=4 * 3, deselected=4)
+
+
+def test_the_warm_parent_removes_its_scratch_folder_and_ends_when_the_grader_closes_it(tmp_path, monkeypatch):
+    from diffusion_katas.engine.runner import Zygote
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the runners' scratch folder is made there (runner_environment)
+    parent = Zygote()
+    try:
+        assert parent._command({"op": "forget", "pid": -1}) == "ok"  # up, its folder made
+        assert [p.name[:13] for p in tmp_path.iterdir()] == ["kata-runners-"]
+    finally:
+        parent.close()
+    assert parent.process.returncode == 0
+    assert list(tmp_path.iterdir()) == []

@@ -218,7 +218,9 @@ class Runner:
 
     def __init__(self, source: Path, module: str, grader_modules: list[tuple[str, str]], answer_key: tuple,
                  kata: str, timeout: float, forbidden_ops: tuple = (), learner_files: tuple = (),
-                 answer_key_direct: tuple = (), memory: int | None = None, cuda: bool = False):
+                 answer_key_direct: tuple = (), memory: int | None = None, cuda: bool = False, wait: bool = True):
+        """Fork a runner and send it `open`. Its reply (`open_reply`) is waited for here, or, with `wait=False`,
+        when first read: the grader may build a case while the runner imports the learner's file."""
         self.zygote = Zygote.shared()
         try:
             self.zygote.load(grader_modules, (source, *learner_files))
@@ -234,11 +236,24 @@ class Runner:
         self.remote: dict = {}
         self.remote_failures: list = []
         self.remote_calls = self.remote_bytes = 0
-        self.open_reply = self._ask({
+        self._opened: dict | None = None
+        self._send({
             "op": "open", "cwd": os.getcwd(), "sys_path": list(sys.path), "source": str(source), "module": module,
             "grader_modules": grader_modules, "answer_key": tuple(answer_key), "kata": kata,
             "forbidden_ops": tuple(forbidden_ops), "learner_files": [str(p) for p in learner_files],
             "answer_key_direct": tuple(answer_key_direct), "memory": memory, "cuda": cuda})
+        if wait:
+            self._opened = self._answer()
+
+    @property
+    def open_reply(self) -> dict:
+        """The runner's answer to `open`, read once: RunnerGone where the import ended the runner or outlived the
+        time limit, which counts from when `open` was sent. Read after the limit (the grader was building), the
+        reply is still read: a second's grace for what is already on its way."""
+        if self._opened is None:
+            self._end = max(self._end, time.monotonic() + 1.0)
+            self._opened = self._answer()
+        return self._opened
 
     def _ask(self, request: dict, inputs: bytes | None = None) -> dict:
         """Send a request and wait for its reply (`_send`, then `_answer`)."""

@@ -97,6 +97,29 @@ class KataFile(pytest.File):
             item.add_marker(pytest.mark.timeout(session.timeout + 30))
         return item
 
+    def written_functions(self) -> frozenset[str]:
+        """The file's top-level functions whose body (docstring aside) is more than `raise NotImplementedError`,
+        read with ast, never run; none where it does not parse. A guess of what the runner will say (only used to
+        start work early): the file could change before the runner reads it, or define a function twice."""
+        import ast
+
+        try:
+            data = self.source.read_bytes()
+        except OSError:
+            return frozenset()
+        cached = getattr(self, "_written", None)
+        if cached is not None and cached[0] == data:
+            return cached[1]
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            written = frozenset()
+        else:
+            written = frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                                and not _stub_body(node.body))
+        self._written = (data, written)
+        return written
+
     def grader_modules(self) -> list[tuple[str, str]]:
         """(path, module name) of this lab's grader, as its runners load it."""
         session = self.config.stash[state.SESSION]
@@ -182,38 +205,56 @@ class KataItem(pytest.Item):
             return state.hidden_check_seed(session.hidden_seed, self.lab, self.kata.name, salt)
         return (session.seed + zlib.crc32(f"{self.lab}:{self.kata.name}:{salt}".encode())) % 2**31
 
-    def learner_function(self) -> str:
-        """Open this check's runner on the learner's file; the function's name once it is there."""
-        from diffusion_katas.engine.runner import RemoteError, Runner, RunnerGone
+    def open_runner(self) -> None:
+        """Fork this check's runner and send it the learner's file to import; its answer is read by
+        `learner_function` (the grader may build the first case meanwhile)."""
+        from diffusion_katas.engine.runner import Runner, RunnerGone
 
         session = self.config.stash[state.SESSION]
         kata_file = self.parent
         if not kata_file.source.is_file():
             raise kata_file.import_failure(None)
-        lab = self.lab
         self.deadline = time.monotonic() + session.timeout
         try:
             self.runner = Runner(
-                kata_file.source, f"_learner_{lab}", kata_file.grader_modules(),
+                kata_file.source, f"_learner_{self.lab}", kata_file.grader_modules(),
                 self.kata.answer_key, self.kata.name, session.timeout, self.kata.forbidden_ops,
                 tuple(kata_file.learner_files()), self.kata.answer_key_direct,
                 memory=None if self.get_closest_marker("cuda") else int(session.memory_gib * 2**30),
-                cuda=bool(self.get_closest_marker("cuda")))
-        except RunnerGone as gone:  # the kata file ended its process while it was being imported
-            from diffusion_katas.engine.runner_main import RUNNER_FAILED
+                cuda=bool(self.get_closest_marker("cuda")), wait=False)
+        except RunnerGone as gone:
+            raise self._import_ended(gone) from None
 
-            rel = session.rel(kata_file.source)
-            if gone.how == f"exit {RUNNER_FAILED}":  # the runner's own code failed: never the learner's to fix
-                raise RuntimeError(f"the runner failed while it prepared this check (exit status {RUNNER_FAILED}), "
-                                   f"before or while it imported {rel}: a grading problem, not your code. "
-                                   "KATA_RUNNER_LOG=FILE keeps its traceback.") from None
-            if gone.timed_out:
-                message = f"importing {rel} did not finish within {session.timeout:g} s (the process was killed)"
-            else:
-                message = f"importing {rel} ended the process that imports it ({_how(gone.how)})"
-            raise KataFailure(message + "\nKata files define functions; code at the top level runs on import.",
-                              Reason.IMPORT_ERROR, message) from None
-        opened = self.runner.open_reply
+    def _import_ended(self, gone) -> Exception:
+        """The kata file ended its process while it was being imported (or the runner's own code failed)."""
+        from diffusion_katas.engine.runner_main import RUNNER_FAILED
+
+        session = self.config.stash[state.SESSION]
+        rel = session.rel(self.parent.source)
+        if gone.how == f"exit {RUNNER_FAILED}":  # the runner's own code failed: never the learner's to fix
+            return RuntimeError(f"the runner failed while it prepared this check (exit status {RUNNER_FAILED}), "
+                                f"before or while it imported {rel}: a grading problem, not your code. "
+                                "KATA_RUNNER_LOG=FILE keeps its traceback.")
+        if gone.timed_out:
+            message = f"importing {rel} did not finish within {session.timeout:g} s (the process was killed)"
+        else:
+            message = f"importing {rel} ended the process that imports it ({_how(gone.how)})"
+        return KataFailure(message + "\nKata files define functions; code at the top level runs on import.",
+                           Reason.IMPORT_ERROR, message)
+
+    def learner_function(self) -> str:
+        """This check's runner's answer to opening the learner's file (`open_runner`, here if not yet): the
+        function's name once it is there."""
+        from diffusion_katas.engine.runner import RemoteError, RunnerGone
+
+        session = self.config.stash[state.SESSION]
+        kata_file = self.parent
+        if getattr(self, "runner", None) is None:
+            self.open_runner()
+        try:
+            opened = self.runner.open_reply
+        except RunnerGone as gone:
+            raise self._import_ended(gone) from None
         self._echo()
         if opened.get("kind") == "import_error":
             raise kata_file.import_failure(RemoteError(opened))
@@ -229,7 +270,9 @@ class KataItem(pytest.Item):
         if self.parent.untouched():  # every function still its stub: TODO, without a runner (or a reference) built
             raise KataTodo(self.kata.name, "")
         try:
-            self.run_check(self.check, self.learner_function())
+            self.open_runner()
+            ahead = self._built_while_opening(self.check)
+            self.run_check(self.check, self.learner_function(), ahead)
         finally:
             self.close_runner()
 
@@ -332,8 +375,22 @@ class KataItem(pytest.Item):
                     return trap
         return None
 
-    def run_check(self, check: Check, fn) -> None:
-        """Every case of `check` through the learner's function, against the reference."""
+    def _built_while_opening(self, check: Check) -> tuple | None:
+        """The check's first case, built while the runner imports the learner's file (two cores at work), where
+        the file, read with ast, shows the function written: a TODO stub gets nothing built (lab 12's references
+        cost seconds a case). The runner's answer still decides; this only saves the wait. (scenarios, the first
+        built, its context); `last_context` is left as it was, for a failed import's message."""
+        if self.kata.name not in self.parent.written_functions():
+            return None
+        context = self.last_context
+        scenarios = self._scenarios(check)
+        following = _Built.next_of(scenarios)
+        built_context, self.last_context = self.last_context, context
+        return scenarios, following, built_context
+
+    def run_check(self, check: Check, fn, ahead: tuple | None = None) -> None:
+        """Every case of `check` through the learner's function, against the reference (the first one perhaps
+        built already: `_built_while_opening`)."""
         import torch
 
         from diffusion_katas.engine.comparison import scenario_mismatch
@@ -343,9 +400,12 @@ class KataItem(pytest.Item):
             # untouched (it only raises NotImplementedError, as the runner read its code): TODO, and nothing
             # is built for it (lab 12's references cost seconds a case)
             raise KataTodo(self.kata.name, "")
-        scenarios = self._scenarios(check)
+        if ahead is not None:
+            scenarios, following, self.last_context = ahead
+        else:
+            scenarios = self._scenarios(check)
+            following = _Built.next_of(scenarios)
         passed = []  # the scenarios the learner's function got right, for naming a mistake it makes later
-        following = _Built.next_of(scenarios)
         while following is not None:
             scenario, tol, rng = following.result()
             context = self.last_context
@@ -766,6 +826,20 @@ def _passes(output, scenario, tol) -> bool:
         return scenario_mismatch(output, scenario, tol) is None
     except Exception:  # noqa: BLE001  (a trap's odd output must never break grading)
         return False
+
+
+def _stub_body(body: list) -> bool:
+    """A function body that is a TODO stub: an optional docstring, then `raise NotImplementedError` (called or not)."""
+    import ast
+
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return False
+    exc = body[0].exc
+    if isinstance(exc, ast.Call):
+        exc = exc.func
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
 class _Built:
