@@ -33,6 +33,26 @@ def test_structure_is_checked_before_values_with_a_plain_message(toy, body, mess
     assert "values differ" not in result.stdout.str()
 
 
+def test_right_values_computed_wider_and_never_cast_back_are_named_so(toy):
+    toy.kata(double="return x.double() * 2")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*output has dtype torch.float64; expected torch.float32*",
+                                 "*trap: computed in float64 and never cast back to float32*"])
+
+
+def test_right_values_left_in_half_precision_are_named_so(toy):
+    toy.kata(double="return (x * 2).half()")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*trap: the result left in float16 where diffusers returns float32*"])
+
+
+def test_wrong_values_in_the_wrong_dtype_get_no_dtype_trap(toy):
+    toy.kata(double="return (x * 3).double()")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*output has dtype torch.float64; expected torch.float32*"])
+    assert "trap:" not in result.stdout.str()
+
+
 def test_an_output_matching_a_declared_misconception_names_the_trap_and_its_hint(toy):
     toy.kata(double="return x + 2")
     result = toy.run("katas")
@@ -65,7 +85,7 @@ def test_the_header_prints_the_seed_to_reproduce_a_run(toy):
 def test_changing_an_input_in_place_fails_with_a_message_saying_so(toy):
     toy.kata(stay_put="x.mul_(1.0)\nreturn x")
     result = toy.run("katas")
-    result.stdout.fnmatch_lines(["*`stay_put` changed its input(s) x in place*"])
+    result.stdout.fnmatch_lines(["*`stay_put` changed its input(s) x in place*", "*trap: the caller's x changed in place*"])
     result.assert_outcomes(failed=1)
 
 

@@ -632,8 +632,11 @@ def call_learner(fn, inputs: dict, kata: str, meter=None, lock: CodeLock | None 
         raise GraderError(f"the in-place check could not compare the inputs after the call: "
                           f"{type(exc).__name__}: {exc}") from None
     if mutated:
+        names = ", ".join(mutated)
         raise KataFailure(
-            f"`{kata}` changed its input(s) {', '.join(mutated)} in place. The caller still needs them "
-            "(the pipeline reuses the latents and the schedule): compute into a new tensor instead of "
-            "using in-place ops such as mul_, add_, x[...] = or `out=`.", Reason.MUTATED_INPUT)
+            f"`{kata}` changed its input(s) {names} in place.\n"
+            f"  trap: the caller's {names} changed in place\n"
+            "    The caller still needs them (the pipeline reuses the latents, the schedule, the cache): compute "
+            "into a new tensor (or dict, or list) instead of using in-place ops such as mul_, add_, x[...] =, "
+            "`out=`, or assigning into the caller's dict.", Reason.MUTATED_INPUT)
     return out

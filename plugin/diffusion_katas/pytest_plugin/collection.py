@@ -533,6 +533,13 @@ class KataItem(pytest.Item):
             named = self._explaining_trap(scenario, out, tol, rng, fn, before, later)
         except Exception:  # noqa: BLE001  (naming a mistake is advice: it never hides the verdict)
             named = None
+        if named is None:
+            try:
+                cast = self._dtype_trap(scenario, out, tol)
+            except Exception:  # noqa: BLE001
+                cast = None
+            if cast is not None:
+                lines.append(f"  trap: {cast[0]}\n    {cast[1]}")
         if named is not None:
             from diffusion_katas.engine.comparison import PRECISION_NOTE
 
@@ -584,6 +591,37 @@ class KataItem(pytest.Item):
             return 0.0
         near = closeness(out, wrong, expected)
         return near if near <= TRAP_NEAR else None
+
+    def _dtype_trap(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
+        """The mistake any kata can make where a tensor comes back in the wrong floating dtype with the right values:
+        computed wider and never cast back (right once cast), or left in a half dtype where the reference returns a
+        wider one (right to the half dtype's precision). (name, hint), or None."""
+        import torch
+
+        from diffusion_katas.engine.comparison import scenario_mismatch
+
+        expected = scenario.expected
+        if self.failing_dependencies() or type(out) is not torch.Tensor or type(expected) is not torch.Tensor:
+            return None
+        if out.shape != expected.shape or out.dtype == expected.dtype or not (
+                out.is_floating_point() and expected.is_floating_point()):
+            return None
+        mine, theirs = str(out.dtype).removeprefix("torch."), str(expected.dtype).removeprefix("torch.")
+        if torch.finfo(out.dtype).eps < torch.finfo(expected.dtype).eps:
+            if scenario_mismatch(out.to(expected.dtype), scenario, tol):
+                return None
+            return (f"computed in {mine} and never cast back to {theirs}",
+                    f"Your values are right once cast: compute as wide as you like, then cast the result to {theirs} "
+                    "once, where the reference casts (the caller's tensors stay in their dtype).")
+        eps = torch.finfo(out.dtype).eps
+        e, a = expected.double(), out.double()
+        if not (torch.isfinite(a).all() and torch.isfinite(e).all()):
+            return None
+        if ((a - e).abs() > 4 * eps * e.abs() + 4 * eps * e.abs().max().clamp_min(1e-30)).any():
+            return None
+        return (f"the result left in {mine} where diffusers returns {theirs}",
+                f"Your values are right to {mine}'s precision: the reference computes (or upcasts to) {theirs}. "
+                f"Convert to {theirs} before the arithmetic, as the docstring says, and return that.")
 
     def _explaining_trap(self, scenario: Scenario, out, tol, rng, fn: str, before, later):
         """The declared mistake that explains the learner's output, as (trap, closeness, first scenario where it
