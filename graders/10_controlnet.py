@@ -619,8 +619,10 @@ def double(module):
 
 def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negative_prompt_embeds, control_image,
           guidance_scale, conditioning_scale, guess_mode, *, control="normal", swap_halves=False,
-          pass_scale=True, pass_guess=True, scaled=True):
-    """One step with a chosen mistake; control: "guess" (right), "guess both halves", "guess zeros last"."""
+          pass_scale=True, pass_guess=True, scaled=True, control_scaled=True, step_scaled=False):
+    """One step with a chosen mistake; control: "guess" (right), "guess both halves", "guess zeros last";
+    scaled: the models' input through scale_model_input (control_scaled: ControlNet's too), step_scaled: the
+    scaled latents given to scheduler.step."""
     scheduler = copy.deepcopy(scheduler)  # its own count of steps (Euler), as the learner's copy has
     raw = latents
     x2, text = scheduler.scale_model_input(torch.cat([latents] * 2), timestep), \
@@ -628,6 +630,11 @@ def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negativ
     if not scaled:
         x2 = torch.cat([latents] * 2)
     latents = scheduler.scale_model_input(latents, timestep) if scaled else latents  # ControlNet's guess input
+    if step_scaled:
+        raw = latents
+    control_x2 = x2 if control_scaled else torch.cat([raw] * 2)
+    if not control_scaled:
+        latents = raw
     extra = dict(conditioning_scale=conditioning_scale) if pass_scale else {}
     guess = guess_mode if pass_guess else False
     with torch.no_grad():
@@ -638,7 +645,7 @@ def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negativ
                 lambda r: torch.cat([torch.zeros_like(r), r]))
             down, mid = [pad(d) for d in down], pad(mid)
         else:
-            down, mid = controlnet(x2, timestep, encoder_hidden_states=text,
+            down, mid = controlnet(control_x2, timestep, encoder_hidden_states=text,
                                    controlnet_cond=torch.cat([control_image] * 2), guess_mode=guess,
                                    return_dict=False, **extra)
         noise = unet(x2, timestep, encoder_hidden_states=text, down_block_additional_residuals=down,
@@ -656,6 +663,20 @@ def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negativ
                                "not.")
 def _(**kw):
     return _step(**kw, scaled=False, control="guess")
+
+
+@controlnet_cfg_step.trap("ControlNet fed the unscaled latents (only the UNet's input through scale_model_input)",
+                          hint="ControlNet sees what the UNet sees: the scaled batch scale_model_input(cat([x, x]), t) "
+                               "(in guess mode scale_model_input(x, t)). Euler's scaling divides by √(σ² + 1).")
+def _(**kw):
+    return _step(**kw, control="guess", control_scaled=False)
+
+
+@controlnet_cfg_step.trap("scheduler.step given the scaled latents (scale_model_input's output kept as the latents)",
+                          hint="scale_model_input makes the models' input only: keep the latents as they came "
+                               "and pass those to scheduler.step(ε̂, t, latents).")
+def _(**kw):
+    return _step(**kw, control="guess", step_scaled=True)
 
 
 @controlnet_cfg_step.trap("guess mode: ControlNet run on both halves instead of the conditional half only",

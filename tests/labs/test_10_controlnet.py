@@ -136,6 +136,14 @@ MUTANTS = [
          .replace("x2 = scheduler.scale_model_input(torch.cat([latents] * 2), timestep)", "x2 = torch.cat([latents] * 2)")
          .replace("xs = scheduler.scale_model_input(latents, timestep)", "xs = latents"),
      "the latents not passed through scheduler.scale_model_input"),
+    ("controlnet_cfg_step",  # ControlNet given the raw latents, the UNet the scaled ones (Euler tells them apart)
+     STEP.format(control=CONTROL.replace("controlnet(x2,", "controlnet(torch.cat([latents] * 2),")
+                                .replace("controlnet(xs,", "controlnet(latents,"), pad=ZEROS_FIRST, guide=GUIDED),
+     "ControlNet fed the unscaled latents"),
+    ("controlnet_cfg_step",  # the scaled latents kept: scheduler.step starts from x / √(σ² + 1)
+     STEP.format(control=CONTROL, pad=ZEROS_FIRST, guide=GUIDED).replace("timestep, latents).prev_sample",
+                                                                           "timestep, xs).prev_sample"),
+     "scheduler.step given the scaled latents"),
     ("controlnet_cfg_step",
      STEP.format(control=CONTROL, guide=GUIDED,
                  pad=ZEROS_FIRST.replace("[torch.zeros_like(d), d]", "[d, torch.zeros_like(d)]")
