@@ -435,8 +435,8 @@ def _m(t):
 
 
 def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False, scale_both=False,
-        text_proj=False, split_front=False, last_n=False):
-    heads = attn.heads
+        text_proj=False, split_front=False, last_n=False, blend=False, groups_from_end=False, one_head=False):
+    heads = 1 if one_head else attn.heads
     with torch.no_grad():
         m = ehs.shape[1] - sum(num_tokens)
         if split_front:
@@ -446,6 +446,8 @@ def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False,
             text, images = ehs[:, :m], list(torch.split(ehs[:, m:], num_tokens, 1))
         if last_n:
             images = [ehs[:, -n:] for n in num_tokens]
+        if groups_from_end:  # adapter 0 the last num_tokens[0] tokens, adapter 1 the ones before them, …
+            images = list(torch.split(ehs[:, m:], num_tokens[::-1], 1))[::-1]
         q = _h(attn.to_q(x), heads)
         if one_softmax:
             k = torch.cat([attn.to_k(text)] + [k_ip(i) for i, k_ip in zip(images, to_k_ip)], 1)
@@ -457,7 +459,8 @@ def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False,
                 o = o * scale[0]
             for img, k_ip, v_ip, s in zip(images, to_k_ip, to_v_ip, scale):
                 kp, vp = (attn.to_k, attn.to_v) if text_proj else (k_ip, v_ip)
-                o = o + s * _m(F.scaled_dot_product_attention(q, _h(kp(img), heads), _h(vp(img), heads)))
+                attended = _m(F.scaled_dot_product_attention(q, _h(kp(img), heads), _h(vp(img), heads)))
+                o = (1 - s) * o + s * attended if blend else o + s * attended
         return attn.to_out[1](attn.to_out[0](o))
 
 
@@ -488,6 +491,28 @@ def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, 
                                 "image part by num_tokens.")
 def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
     return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, last_n=True)
+
+
+@ip_adapter_attention.trap("the scale used as a blend: (1 − s)·text + s·image",
+                           hint="The text term keeps its full weight whatever the scale: out = Attn_text + "
+                                "Σ scale_i·Attn_image_i. A blend would fade the prompt out as the image gets stronger.")
+def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
+    return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, blend=True)
+
+
+@ip_adapter_attention.trap("the adapters' token groups taken from the end (adapter 0 reads the last group)",
+                           hint="The groups follow the text in the adapters' order: adapter 0's num_tokens[0] tokens "
+                                "come first after the text. torch.split(image_part, num_tokens, dim=1).")
+def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
+    return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, groups_from_end=True)
+
+
+@ip_adapter_attention.trap("the heads never split (one attention over the full width)",
+                           hint="Attention runs per head: view q, k, v as (B, tokens, heads, head_dim), move heads "
+                                "before tokens, attend, and merge back; each head's softmax is scaled by "
+                                "1/√head_dim.")
+def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
+    return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, one_head=True)
 
 
 @ip_adapter_attention.trap("image tokens taken from the front",

@@ -93,6 +93,15 @@ MUTANTS = [
     ("ip_adapter_attention", ip_body(add="out = s * out + s * merge_heads(ip)"), "scale applied to both terms"),
     ("ip_adapter_attention", ip_body(ip_kv="attn.to_k(image), attn.to_v(image)"),
      "image K/V through the text projections"),
+    ("ip_adapter_attention", ip_body(add="out = (1 - s) * out + s * merge_heads(ip)"),
+     "the scale used as a blend"),
+    ("ip_adapter_attention",  # a blind learner's: the groups peeled off the end in list order
+     ip_body().replace("images = torch.split(encoder_hidden_states[:, text_len:], list(num_tokens), dim=1)",
+                       "images = torch.split(encoder_hidden_states[:, text_len:], list(num_tokens)[::-1], dim=1)"
+                       "[::-1]"),
+     "the adapters' token groups taken from the end"),
+    ("ip_adapter_attention", ip_body().replace("heads = attn.heads", "heads = 1"),
+     "the heads never split"),
     ("ip_adapter_attention", ip_body(add="out = out + merge_heads(ip)"), Fails("wrong", "values differ")),
     ("ip_adapter_attention", ip_body(end="attn.to_out[0](out) + hidden_states"), Fails("wrong", "values differ")),
 ]
