@@ -435,7 +435,8 @@ def _m(t):
 
 
 def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False, scale_both=False,
-        text_proj=False, split_front=False, last_n=False, blend=False, groups_from_end=False, one_head=False):
+        text_proj=False, split_front=False, last_n=False, blend=False, groups_from_end=False, one_head=False,
+        scaled_values=False):
     heads = 1 if one_head else attn.heads
     with torch.no_grad():
         m = ehs.shape[1] - sum(num_tokens)
@@ -451,7 +452,8 @@ def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False,
         q = _h(attn.to_q(x), heads)
         if one_softmax:
             k = torch.cat([attn.to_k(text)] + [k_ip(i) for i, k_ip in zip(images, to_k_ip)], 1)
-            v = torch.cat([attn.to_v(text)] + [v_ip(i) for i, v_ip in zip(images, to_v_ip)], 1)
+            v = torch.cat([attn.to_v(text)] + [v_ip(i) * (s if scaled_values else 1)
+                                               for i, v_ip, s in zip(images, to_v_ip, scale)], 1)
             o = _m(F.scaled_dot_product_attention(q, _h(k, heads), _h(v, heads)))
         else:
             o = _m(F.scaled_dot_product_attention(q, _h(attn.to_k(text), heads), _h(attn.to_v(text), heads)))
@@ -469,6 +471,15 @@ def _ip(attn, x, ehs, num_tokens, to_k_ip, to_v_ip, scale, *, one_softmax=False,
                                 "with the text tokens for attention weight. Attend to each separately and add.")
 def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
     return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, one_softmax=True)
+
+
+@ip_adapter_attention.trap("image tokens concatenated into the text K/V, the scale on their values (one softmax)",
+                           hint="Decoupled cross-attention keeps two softmaxes: the image tokens do not compete "
+                                "with the text tokens for attention weight. Attend to each separately, then add "
+                                "scale × the image attention's output.")
+def _(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale):
+    return _ip(attn, hidden_states, encoder_hidden_states, num_tokens, to_k_ip, to_v_ip, scale, one_softmax=True,
+               scaled_values=True)
 
 
 @ip_adapter_attention.trap("scale applied to both terms",

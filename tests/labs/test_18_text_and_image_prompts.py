@@ -93,6 +93,9 @@ MUTANTS = [
     ("ip_adapter_attention", ip_body(add="out = s * out + s * merge_heads(ip)"), "scale applied to both terms"),
     ("ip_adapter_attention", ip_body(ip_kv="attn.to_k(image), attn.to_v(image)"),
      "image K/V through the text projections"),
+    ("ip_adapter_attention",  # a blind learner's: one softmax, each adapter's values times its scale
+     ONE_SOFTMAX.replace("[f(i) for i, f in zip(images, to_v_ip)]", "[f(i) * s for i, f, s in zip(images, to_v_ip, scale)]"),
+     "image tokens concatenated into the text K/V, the scale on their values"),
     ("ip_adapter_attention", ip_body(add="out = (1 - s) * out + s * merge_heads(ip)"),
      "the scale used as a blend"),
     ("ip_adapter_attention",  # a blind learner's: the groups peeled off the end in list order
