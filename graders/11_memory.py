@@ -653,6 +653,26 @@ def _(query, key, value, chunk_size, attn_mask=None, scale=None):
     return out
 
 
+@chunked_attention.trap("keys chunked, each chunk's softmax on its own, the chunk outputs averaged",
+                        hint="Averaging the chunks' outputs is not the softmax over all keys: each chunk's weights "
+                             "sum to 1 over its own keys only. Chunk over queries, where every row sees all keys.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    out, chunks = 0, range(0, key.shape[-2], chunk_size)
+    for a in chunks:
+        m = None if attn_mask is None else attn_mask.expand(query.shape[:-2] + (query.shape[-2], key.shape[-2]))[..., a:a + chunk_size]
+        out = out + _naive(query, key[..., a:a + chunk_size, :], value[..., a:a + chunk_size, :], m, scale,
+                           lambda s: s.softmax(-1))
+    return out / len(chunks)
+
+
+@chunked_attention.trap("four dimensions assumed (B, H, L, D): the VAE's single-head attention has no head axis",
+                        hint="Read the sizes from the end (query.shape[-2], [-1]) and slice with `...`: the "
+                             "leading dimensions are (B, H) in a UNet and (B,) alone in the VAE.")
+def _(query, key, value, chunk_size, attn_mask=None, scale=None):
+    _b, _h, _lq, _d = query.shape  # the learner's unpacking: raises on (B, L, D)
+    return _naive(query, key, value, attn_mask, scale, lambda s: s.softmax(-1))
+
+
 @chunked_attention.trap("the 1/√d scale is missing",
                         hint="Scores are Q Kᵀ/√d unless a scale is given: without it the softmax is far too peaked.")
 def _(query, key, value, chunk_size, attn_mask=None, scale=None):

@@ -174,13 +174,14 @@ def chunked_attention(
 ) -> torch.Tensor:
     """softmax(Q Kᵀ · scale + mask) V, computed `chunk_size` queries at a time.
 
-    scale defaults to 1/√d. attn_mask broadcasts to (B, H, Lq, Lk): a bool mask keeps True
+    scale defaults to 1/√d. attn_mask broadcasts to (..., Lq, Lk): a bool mask keeps True
     positions (False → −inf before the softmax); a float mask is added to the scores. A query whose
     keys a bool mask removes all attends to nothing: its output row is 0, as
     scaled_dot_product_attention's (a softmax over only −inf is NaN).
     Graded against: torch.nn.functional.scaled_dot_product_attention (locked while your code runs).
     Budget: peak live bytes well under the naive (B, H, Lq, Lk) score matrix.
-    Args: query (B, H, Lq, D), key (B, H, Lk, D), value (B, H, Lk, Dv).  Returns: (B, H, Lq, Dv).
+    Args: query (..., Lq, D), key (..., Lk, D), value (..., Lk, Dv), the same leading dimensions:
+    (B, H) in a UNet's multi-head attention, (B,) alone in the VAE's single-head one.  Returns: (..., Lq, Dv).
     """
     # BEGIN SOLUTION: for each block of queries: scores, mask, softmax over keys, times V, into the output
     # Notation: s -> scale (1/√d), S -> scores Q Kᵀ·s, P -> softmax(S) over the key axis.

@@ -125,6 +125,18 @@ MUTANTS = [
      changed("chunked_attention", "mask = attn_mask.expand(query.shape[:-2] + (lq, key.shape[-2]))",
              "mask = attn_mask"),
      Fails("crash", "RuntimeError")),
+    ("chunked_attention",  # a blind learner's: four dimensions unpacked, which the VAE's (B, L, D) attention has not
+     changed("chunked_attention", "d = query.shape[-1]", "_b, _h, _lq, d = query.shape"),
+     "four dimensions assumed (B, H, L, D)"),
+    ("chunked_attention",  # a blind learner's: a softmax per key chunk, the chunk outputs averaged
+     """
+     s = query.shape[-1] ** -0.5 if scale is None else scale
+     starts = range(0, key.shape[-2], chunk_size)
+     out = 0
+     for a in starts:
+         out = out + (query @ key[..., a:a + chunk_size, :].transpose(-2, -1) * s).softmax(-1) @ value[..., a:a + chunk_size, :]
+     return out / len(starts)
+     """, "keys chunked, each chunk's softmax on its own, the chunk outputs averaged"),
     ("chunked_attention",  # the mask applied to the weights after the softmax
      """
      s = query.shape[-1] ** -0.5 if scale is None else scale
