@@ -265,11 +265,14 @@ def _pqc(vae, z):
 
 
 def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_neighbours=False, vsf=None,
-           skip_pqc=False):
+           skip_pqc=False, left_first=False, extent_in_latents=False):
     """A whole-tile tiled decode with switches for the traps (fresh_neighbours: blend against
-    neighbours as decoded, before their own blending; vsf: a scale factor other than the VAE's)."""
+    neighbours as decoded, before their own blending; vsf: a scale factor other than the VAE's; left_first: the
+    left seam blended before the one above; extent_in_latents: E = int(t·overlap)·vsf)."""
     vsf = vsf or 2 ** (len(vae.config.block_out_channels) - 1)
     stride, e = int(t * (1 - overlap)), int(t * vsf * overlap)
+    if extent_in_latents:
+        e = int(t * overlap) * vsf
     keep = t * vsf - e
     def decode(z):
         return vae.decoder(z if skip_pqc else _pqc(vae, z))
@@ -281,9 +284,11 @@ def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_ne
     for i, row in enumerate(decoded):
         for j in range(len(row)):
             src = raw if fresh_neighbours else decoded
+            if j > 0 and blend_left and left_first:
+                row[j] = vae.blend_h(src[i][j - 1], row[j], e)
             if i > 0 and blend_above:
                 row[j] = vae.blend_v(src[i - 1][j], row[j], e)
-            if j > 0 and blend_left:
+            if j > 0 and blend_left and not left_first:
                 row[j] = vae.blend_h(src[i][j - 1], row[j], e)
         rows.append(torch.cat([tile[:, :, :keep, :keep] for tile in row], dim=3))
     return torch.cat(rows, dim=2)
@@ -295,6 +300,23 @@ def _tiles(vae, latents, t, overlap, blend_above=True, blend_left=True, fresh_ne
 @torch.no_grad()
 def _(vae, latents, tile_latent_size, overlap_factor):
     return _tiles(vae, latents, tile_latent_size, overlap_factor, fresh_neighbours=True)
+
+
+@tiled_decode.trap("the left seam blended before the one above",
+                   hint="The order matters where the seams cross: diffusers blends the tile above first "
+                        "(blend_v), then the tile to the left (blend_h).")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, left_first=True)
+
+
+@tiled_decode.trap("the blend extent rounded in latents, then scaled: int(t·overlap)·vsf",
+                   hint="E is a pixel count: int(t · vsf · overlap), rounded once after the multiplication; "
+                        "int(t · overlap) · vsf rounds away a fraction of a latent first, and the kept size "
+                        "t·vsf − E changes with it.")
+@torch.no_grad()
+def _(vae, latents, tile_latent_size, overlap_factor):
+    return _tiles(vae, latents, tile_latent_size, overlap_factor, extent_in_latents=True)
 
 
 @tiled_decode.trap("the VAE scale factor hard-coded to SD's 8",

@@ -125,6 +125,18 @@ MUTANTS = [
      changed("chunked_attention", "mask = attn_mask.expand(query.shape[:-2] + (lq, key.shape[-2]))",
              "mask = attn_mask"),
      Fails("crash", "RuntimeError")),
+    ("tiled_decode",  # a blind learner's: the left neighbour blended in first
+     DIFFUSERS_STYLE_TILED_DECODE.replace("""            if i > 0:
+                row[j] = blend_seam(rows[i - 1][j], row[j], e, 2)
+            if j > 0:
+                row[j] = blend_seam(row[j - 1], row[j], e, 3)""", """            if j > 0:
+                row[j] = blend_seam(row[j - 1], row[j], e, 3)
+            if i > 0:
+                row[j] = blend_seam(rows[i - 1][j], row[j], e, 2)"""),
+     "the left seam blended before the one above"),
+    ("tiled_decode",  # a blind learner's: E rounded in latents first (differs where t·overlap is fractional)
+     DIFFUSERS_STYLE_TILED_DECODE.replace("int(t * vsf * overlap_factor)", "int(t * overlap_factor) * vsf"),
+     "the blend extent rounded in latents, then scaled"),
     ("chunked_attention",  # a blind learner's: four dimensions unpacked, which the VAE's (B, L, D) attention has not
      changed("chunked_attention", "d = query.shape[-1]", "_b, _h, _lq, d = query.shape"),
      "four dimensions assumed (B, H, L, D)"),
