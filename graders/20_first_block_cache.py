@@ -362,7 +362,7 @@ def _(case, g):
 
 
 def _step(blocks, hidden_states, encoder_hidden_states, temb, image_rotary_emb, cache, threshold, *,
-          refresh_on_skip=False, tail_from_input=False, text_cached=True):
+          refresh_on_skip=False, tail_from_input=False, text_cached=True, at_threshold_computes=False):
     """The cached step, with one thing done wrong (the traps below)."""
     def call(block, hid, enc):
         enc, hid = block(hidden_states=hid, encoder_hidden_states=enc, temb=temb, image_rotary_emb=image_rotary_emb)
@@ -370,7 +370,11 @@ def _step(blocks, hidden_states, encoder_hidden_states, temb, image_rotary_emb, 
 
     hid1, enc1 = call(blocks[0], hidden_states, encoder_hidden_states)
     r = hid1 - hidden_states
-    compute = cache is None or hook_delta(r, cache["head_residual"]) > threshold
+    if cache is None:
+        compute = True
+    else:
+        delta = hook_delta(r, cache["head_residual"])
+        compute = delta >= threshold if at_threshold_computes else delta > threshold
     if not compute:
         tail_hid, tail_enc = cache["tail_residuals"]
         new = {**cache, "should_compute": False}
@@ -392,6 +396,13 @@ def _step(blocks, hidden_states, encoder_hidden_states, temb, image_rotary_emb, 
                                   "while the cached tail grows stale.")
 def _(**kw):
     return _step(**kw, refresh_on_skip=True)
+
+
+@first_block_cache_step.trap("every block run when δ equals the threshold (δ ≥ threshold instead of δ > threshold)",
+                             hint="diffusers computes only when the change is above the threshold: δ > threshold. "
+                                  "At threshold 0 an unchanged input (δ = 0) skips.")
+def _(**kw):
+    return _step(**kw, at_threshold_computes=True)
 
 
 @first_block_cache_step.trap("the tail residual taken from the blocks' input (x_N − x) instead of the first "
@@ -449,14 +460,16 @@ def _(case, g):
                           "(C: every block ran, ·: skipped)")
 
 
-def _calls(blocks, calls, threshold, *, shared=False, forget=False):
+def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=False):
     caches, out = {}, []
     for call in calls:
         key = "one" if shared else call["context"]
+        before = None if forget else caches.get(key)
         hid, enc, cache = _step(blocks, call["hidden_states"], call["encoder_hidden_states"], call["temb"],
-                                call["image_rotary_emb"], None if forget else caches.get(key), threshold)
+                                call["image_rotary_emb"], before, threshold)
         caches[key] = cache
-        out.append((hid, enc, cache["should_compute"]))
+        flag = (True if before is None else before["should_compute"]) if flag_before else cache["should_compute"]
+        out.append((hid, enc, flag))
     return out
 
 
@@ -466,6 +479,13 @@ def _calls(blocks, calls, threshold, *, shared=False, forget=False):
                                     "context keeps its own cache. Key the caches by call['context'].")
 def _(**kw):
     return _calls(**kw, shared=True)
+
+
+@cached_transformer_calls.trap("the computed flag read from the cache before the call (the previous call's decision)",
+                               hint="Whether this call ran every block is in the cache first_block_cache_step "
+                                    "returns: read should_compute from the new cache, not the one passed in.")
+def _(**kw):
+    return _calls(**kw, flag_before=True)
 
 
 @cached_transformer_calls.trap("the returned cache dropped: every call starts empty (and runs every block)",

@@ -64,7 +64,7 @@ MUTANTS = [
      Fails("wrong", "")),
     ("first_block_cache_step",  # ≥ for >: an unchanged call at threshold 0 runs every block where diffusers skips
      step_body(decide="cache is None or residual_change(r, cache['head_residual']) >= threshold"),
-     Fails("wrong", "")),
+     "every block run when δ equals the threshold"),
     ("first_block_cache_step",  # the head output cached as the residual
      step_body(head="hid1"), Fails("wrong", "")),
     ("first_block_cache_step",  # the cache handed back as it came in after a skip: should_compute left True
@@ -90,6 +90,17 @@ MUTANTS = [
      """, Fails("answer key", "")),
     ("cached_transformer_calls", calls_body(key='"shared"'), "one cache shared by the cond and uncond calls"),
     ("cached_transformer_calls", calls_body(keep="pass"), "the returned cache dropped"),
+    ("cached_transformer_calls",  # a blind learner's: the flag read from the cache passed in (the previous decision)
+     """
+     caches, out = {}, []
+     for call in calls:
+         old = caches.get(call["context"])
+         hid, enc, caches[call["context"]] = first_block_cache_step(
+             blocks, call["hidden_states"], call["encoder_hidden_states"], call["temb"], call["image_rotary_emb"],
+             old, threshold)
+         out.append((hid, enc, True if old is None else old["should_compute"]))
+     return out
+     """, "the computed flag read from the cache before the call"),
 ]
 
 ALTERNATIVES = [
