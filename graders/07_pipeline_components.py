@@ -105,6 +105,7 @@ def side(ok: bool, g: torch.Generator, multiple_of: int = 8) -> int:
     dict(vae="x8", height_ok=True, width_ok=True, batch=2, generator=1),
     dict(vae="x8", height_ok=True, width_ok=True, batch=1, generator=1),
     dict(vae="x2", height_ok=False, width_ok=False, batch=2, generator=2),
+    dict(vae="x8", height_ok=True, width_ok=True, batch=2, generator=3),  # a list longer than the batch: refused too
 ], tol=EXACT)
 def _(case, g):
     pipe = pipeline(case["vae"])
@@ -149,6 +150,13 @@ def _(height, width, vae_scale_factor, batch_size, generator):
 def _(height, width, vae_scale_factor, batch_size, generator):
     long_list = isinstance(generator, list) and len(generator) > 1
     return _verdict(height % 8 or width % 8 or (long_list and len(generator) != batch_size))
+
+
+@input_error.trap("only a generator list shorter than the batch refused (a longer one accepted)",
+                  hint="One generator per image, exactly: a list longer than batch_size is refused as well "
+                       "(len(generator) != batch_size, not <).")
+def _(height, width, vae_scale_factor, batch_size, generator):
+    return _verdict(height % 8 or width % 8 or (isinstance(generator, list) and len(generator) < batch_size))
 
 
 @input_error.trap("the generator list's length not checked",

@@ -16,6 +16,15 @@ return noise * init_noise_sigma
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    ("input_error",  # a blind learner's: only a list too short refused
+     """
+     if height % 8 or width % 8:
+         return "size"
+     if isinstance(generator, list) and len(generator) < batch_size:
+         return "generators"
+     return None
+     """,
+     "only a generator list shorter than the batch refused"),
     ("input_error",
      """
      if height % vae_scale_factor or width % vae_scale_factor:
