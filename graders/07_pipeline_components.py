@@ -205,6 +205,16 @@ def _(prompt_embeds, num_images_per_prompt):
     return prompt_embeds.repeat(1, num_images_per_prompt, 1)
 
 
+@repeat_per_prompt.trap("each token copied n times in place, then viewed (repeat_interleave on the token axis, or "
+                        "repeat on the feature axis)",
+                        hint="Both lay out t0 t0 … t1 t1 … in memory: viewed as (B·n, L, D) each copy holds doubled "
+                             "tokens. Repeat the whole sequence (repeat(1, n, 1), then view), or interleave the "
+                             "batch axis (repeat_interleave(n, dim=0)).")
+def _(prompt_embeds, num_images_per_prompt):
+    b, length, _ = prompt_embeds.shape
+    return prompt_embeds.repeat_interleave(num_images_per_prompt, dim=1).view(b * num_images_per_prompt, length, -1)
+
+
 @repeat_per_prompt.trap("not repeated at all",
                         hint="Each prompt makes num_images_per_prompt images: the batch must grow to B·n.")
 def _(prompt_embeds, num_images_per_prompt):

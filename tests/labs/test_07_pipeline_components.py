@@ -16,6 +16,14 @@ return noise * init_noise_sigma
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    ("repeat_per_prompt",  # a blind learner's: tokens interleaved, then viewed
+     "b, l, _ = prompt_embeds.shape\nreturn prompt_embeds.repeat_interleave(num_images_per_prompt, dim=1)"
+     ".view(b * num_images_per_prompt, l, -1)",
+     "each token copied n times in place, then viewed"),
+    ("repeat_per_prompt",  # a blind learner's: the features repeated, then viewed
+     "b, l, d = prompt_embeds.shape\nreturn prompt_embeds.repeat(1, 1, num_images_per_prompt)"
+     ".view(b * num_images_per_prompt, l, d)",
+     "each token copied n times in place, then viewed"),
     ("input_error",  # a blind learner's: only a list too short refused
      """
      if height % 8 or width % 8:
