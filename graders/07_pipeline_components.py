@@ -398,6 +398,15 @@ def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_no
     return (latents if latents is not None else _draw(shape, generator, dtype)) * init_noise_sigma
 
 
+@prepare_latents.trap("the VAE factor hard-coded to SD's 8 (vae_scale_factor not used)",
+                      hint="Pixels per latent depend on the VAE: height // vae_scale_factor (8 for SD's VAE, 2 for "
+                           "this tiny one), never a literal 8.")
+def _(batch_size, num_channels_latents, height, width, vae_scale_factor, init_noise_sigma, generator, dtype,
+      latents=None):
+    shape = _shape(batch_size, num_channels_latents, height, width, 8)
+    return (latents if latents is not None else _draw(shape, generator, dtype)) * init_noise_sigma
+
+
 @prepare_latents.trap("a generator list: everything drawn from the first generator",
                       hint="A list gives sample i its own generator: draw (1, C, h, w) from generator[i] for each "
                            "i and concatenate along the batch.")

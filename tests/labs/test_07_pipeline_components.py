@@ -24,6 +24,17 @@ MUTANTS = [
      "b, l, d = prompt_embeds.shape\nreturn prompt_embeds.repeat(1, 1, num_images_per_prompt)"
      ".view(b * num_images_per_prompt, l, d)",
      "each token copied n times in place, then viewed"),
+    ("prepare_latents",  # a blind learner's: SD's factor 8 where the tiny VAE's is 2
+     """
+     shape = (batch_size, num_channels_latents, height // 8, width // 8)
+     if latents is not None:
+         return latents * init_noise_sigma
+     if isinstance(generator, list) and len(generator) > 1:
+         noise = torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+     else:
+         noise = torch.randn(shape, generator=generator[0] if isinstance(generator, list) else generator, dtype=dtype)
+     return noise * init_noise_sigma
+     """, "the VAE factor hard-coded to SD's 8"),
     ("input_error",  # a blind learner's: only a list too short refused
      """
      if height % 8 or width % 8:
