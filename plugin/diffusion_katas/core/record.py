@@ -244,5 +244,18 @@ def entry(data: dict | None, lab: str) -> dict | None:
     return None
 
 
+def failing_now(course, data: dict | None) -> set[tuple[str, str]]:
+    """(lab, function) of the functions that failed when their lab was last graded, where none of the lab's
+    files changed since (the same failure would come back)."""
+    failing = set()
+    for item in (data or {}).get("labs", []):
+        if not isinstance(item, dict) or lab_changed(course, item):
+            continue
+        for function in item.get("functions", []):
+            if isinstance(function, dict) and function.get("status") == "failed":
+                failing.add((item.get("lab"), function.get("name")))
+    return failing
+
+
 def failed_gradings(data: dict | None, lab: str, function: str) -> int:
     return int(((data or {}).get("failed_gradings") or {}).get(f"{lab}::{function}", 0))

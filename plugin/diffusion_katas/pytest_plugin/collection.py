@@ -728,15 +728,26 @@ class KataItem(pytest.Item):
 
     def failing_dependencies(self) -> list[str]:
         """Other kata functions the learner's call ran that have already failed their own checks in this run
-        (merge_lora calling a wrong lora_delta): the failure is probably theirs."""
+        (merge_lora calling a wrong lora_delta), or, where this run did not grade them, when their lab was last
+        graded with its files as they are (lab 12 calling lab 07's prepare_latents): the failure is probably
+        theirs."""
         session = self.config.stash[state.SESSION]
         called = {(Path(file).stem, name) for file, name in getattr(self, "last_called", ())
                   if name != self.kata.name or Path(file) != self.parent.source}
-        failed = []
+        failed, graded = [], set()
+
+        def name(lab: str, function: str) -> str:
+            return function if lab == self.lab else f"{lab}.py::{function}"
+
         for r in session.results:
-            if (r.lab, r.function) in called and r.status == Status.FAILED and not r.hidden \
-                    and r.function not in failed:
-                failed.append(r.function if r.lab == self.lab else f"{r.lab}.py::{r.function}")
+            if r.hidden:
+                continue
+            graded.add((r.lab, r.function))
+            if (r.lab, r.function) in called and r.status == Status.FAILED and name(r.lab, r.function) not in failed:
+                failed.append(name(r.lab, r.function))
+        ungraded = called - graded - {(self.lab, self.kata.name)}
+        if ungraded:
+            failed += sorted(name(*key) for key in ungraded & session.recorded_failures())
         return failed
 
     def failing_dependencies_note(self) -> list[str]:
@@ -745,7 +756,8 @@ class KataItem(pytest.Item):
             return []
         listed = ", ".join(f"`{n}`" for n in names)
         first = names[0]
-        return [f"fix {listed} first: `{self.kata.name}` calls {listed}, which already fail(s) its own checks above, "
+        return [f"fix {listed} first: `{self.kata.name}` calls {listed}, which already fail(s) its own checks (above, "
+                "or when its lab was last graded), "
                 f"so this failure is probably {'its' if len(names) == 1 else 'theirs'}; re-grade after fixing "
                 f"`{first}`."]
 

@@ -42,6 +42,7 @@ class KataSession:
     interrupted: bool = False
     # --kata-reuse-builds (the warm grader of `kata watch`): built references kept between gradings.
     reuse_builds: bool = False
+    _recorded_failures: set | None = field(default=None, repr=False)
 
     @property
     def root(self) -> Path:
@@ -61,6 +62,16 @@ class KataSession:
 
     def rel(self, path: Path) -> str:
         return self.course.rel(path)
+
+    def recorded_failures(self) -> set[tuple[str, str]]:
+        """(lab, function) that failed when their lab was last graded, its files unchanged since (core/record.py),
+        read once per run; none outside the learner's own runs (keeps_record)."""
+        if self._recorded_failures is None:
+            from diffusion_katas.core import record
+
+            self._recorded_failures = (record.failing_now(self.course, record.load(self.course))
+                                       if self.keeps_record else set())
+        return self._recorded_failures
 
     @property
     def keeps_record(self) -> bool:
