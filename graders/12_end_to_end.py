@@ -142,7 +142,8 @@ def _(case, g):
 
 
 def _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps, guidance_scale,
-          generator, eta, guidance_rescale, *, scale=True, extra=True):
+          generator, eta, guidance_rescale, *, scale=True, extra=True, swapped=False, rescale=True,
+          step_scaled=False):
     """The reference loop with switches for the traps, built on the pipeline's own math."""
     import inspect
 
@@ -154,11 +155,12 @@ def _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_i
     for t in scheduler.timesteps:
         x = torch.cat([latents] * 2)
         x = scheduler.scale_model_input(x, t) if scale else x
-        u, c = unet(x, t, encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample.chunk(2)
+        text = [prompt_embeds, negative_prompt_embeds] if swapped else [negative_prompt_embeds, prompt_embeds]
+        u, c = unet(x, t, encoder_hidden_states=torch.cat(text)).sample.chunk(2)
         noise = u + guidance_scale * (c - u)
-        if guidance_rescale > 0:
+        if guidance_rescale > 0 and rescale:
             noise = rescale_noise_cfg(noise, c, guidance_rescale)
-        latents = scheduler.step(noise, t, latents, **kwargs).prev_sample
+        latents = scheduler.step(noise, t, x.chunk(2)[0] if step_scaled else latents, **kwargs).prev_sample
     return latents
 
 
@@ -176,6 +178,30 @@ def _(**kw):
 @torch.no_grad()
 def _(**kw):
     return _loop(**kw, extra=False)
+
+
+@denoise.trap("the CFG batch's text ordered [positive, negative] (the halves swapped)",
+              hint="The pipeline's batch is [unconditional, conditional]: torch.cat([negative_prompt_embeds, "
+                   "prompt_embeds]), so noise.chunk(2) gives (ε_uncond, ε_text) in that order.")
+@torch.no_grad()
+def _(**kw):
+    return _loop(**kw, swapped=True)
+
+
+@denoise.trap("guidance_rescale ignored",
+              hint="With guidance_rescale > 0 the guided noise is rescaled toward the text prediction's standard "
+                   "deviation (rescale_noise_cfg, lab 04's guided_noise takes guidance_rescale): pass it on.")
+@torch.no_grad()
+def _(**kw):
+    return _loop(**kw, rescale=False)
+
+
+@denoise.trap("scheduler.step given the scaled model input instead of the latents",
+              hint="scale_model_input makes the UNet's input only: step from the latents as they were, "
+                   "scheduler.step(noise, t, latents). Euler's scaling divides by √(σ²+1); DDIM's changes nothing.")
+@torch.no_grad()
+def _(**kw):
+    return _loop(**kw, step_scaled=True)
 
 
 # ---- text_to_image -------------------------------------------------------------------------------------

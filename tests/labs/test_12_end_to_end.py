@@ -64,7 +64,26 @@ MUTANTS = [
                                           prompt_embeds, guidance_scale, guidance_rescale)
             latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
         return latents
-     """, Fails("wrong", "values differ")),  # the prompts swapped: guidance away from the prompt
+     """, "the CFG batch's text ordered [positive, negative]"),  # the prompts swapped: guidance away from the prompt
+    ("denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        extra = step_kwargs(scheduler, generator, eta)
+        for t in scheduler.timesteps:
+            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds,
+                                          negative_prompt_embeds, guidance_scale)
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        return latents
+     """, "guidance_rescale ignored"),
+    ("denoise", """
+        scheduler.set_timesteps(num_inference_steps)
+        extra = step_kwargs(scheduler, generator, eta)
+        for t in scheduler.timesteps:
+            latents = scheduler.scale_model_input(latents, t)
+            noise_pred = cfg.guided_noise(unet, latents, t, prompt_embeds, negative_prompt_embeds, guidance_scale,
+                                          guidance_rescale)
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        return latents
+     """, "scheduler.step given the scaled model input"),
     ("text_to_image", """
         sigma = float(scheduler.init_noise_sigma)
         scheduler.set_timesteps(num_inference_steps)
