@@ -233,20 +233,22 @@ def _(case, g):
 
 def _image(unet, vae, scheduler, prompt_embeds, negative_prompt_embeds, height, width, num_inference_steps,
            guidance_scale, generator, eta, guidance_rescale, *, sigma_before=False, decode_scaled=True,
-           postprocess=True):
+           postprocess=True, clamp=True, factor=None, generator_to_loop=True):
     from diffusers.utils.torch_utils import randn_tensor
 
     sigma = float(scheduler.init_noise_sigma)  # before set_timesteps (the trap)
     scheduler.set_timesteps(num_inference_steps)
     sigma = sigma if sigma_before else float(scheduler.init_noise_sigma)
-    f = 2 ** (len(vae.config.block_out_channels) - 1)
+    f = factor or 2 ** (len(vae.config.block_out_channels) - 1)
     shape = (prompt_embeds.shape[0], unet.config.in_channels, height // f, width // f)
     latents = randn_tensor(shape, generator=generator, dtype=prompt_embeds.dtype) * sigma
     latents = _loop(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                    guidance_scale, generator, eta, guidance_rescale)
+                    guidance_scale, generator if generator_to_loop else None, eta, guidance_rescale)
     z = latents / vae.config.scaling_factor if decode_scaled else latents
     image = vae.decode(z).sample
-    return (image * 0.5 + 0.5).clamp(0, 1) if postprocess else image
+    if not postprocess:
+        return image
+    return (image * 0.5 + 0.5).clamp(0, 1) if clamp else image * 0.5 + 0.5
 
 
 @text_to_image.trap("init_noise_sigma read before set_timesteps",
@@ -269,6 +271,29 @@ def _(**kw):
 @torch.no_grad()
 def _(**kw):
     return _image(**kw, postprocess=False)
+
+
+@text_to_image.trap("the [−1, 1] → [0, 1] mapping not clamped",
+                    hint="The decoder overshoots [−1, 1] a little: postprocess clamps x·0.5 + 0.5 to [0, 1].")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, clamp=False)
+
+
+@text_to_image.trap("the VAE factor hard-coded to SD's 8",
+                    hint="Pixels per latent depend on the VAE: vae_scale_factor from its block_out_channels "
+                         "(8 for SD's VAE, 2 for this tiny one), as lab 06's vae_scale_factor computes.")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, factor=8)
+
+
+@text_to_image.trap("the generator not handed on to denoise (DDIM's η > 0 noise drawn from the global RNG)",
+                    hint="One generator drives the whole run: x_T and every noisy step. Pass generator (and eta) "
+                         "on to denoise.")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, generator_to_loop=False)
 
 
 # ---- inference_trace -----------------------------------------------------------------------------------

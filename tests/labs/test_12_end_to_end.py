@@ -104,6 +104,32 @@ MUTANTS = [
      """, "the decoder's [−1, 1] output returned without postprocessing"),
     ("text_to_image", """
         scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, generator, eta, guidance_rescale)
+        return vae_lab.decode_latents(vae, latents) * 0.5 + 0.5
+     """, "the [−1, 1] → [0, 1] mapping not clamped"),
+    ("text_to_image", """
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            8, float(scheduler.init_noise_sigma), generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, generator, eta, guidance_rescale)
+        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
+     """, "the VAE factor hard-coded to SD's 8"),
+    ("text_to_image", """
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
+            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
+            generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, None, eta, guidance_rescale)
+        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
+     """, "the generator not handed on to denoise"),
+    ("text_to_image", """
+        scheduler.set_timesteps(num_inference_steps)
         latents = components.prepare_latents(prompt_embeds.shape[0], 4, height, width,
             vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
             generator, prompt_embeds.dtype)
