@@ -45,6 +45,27 @@ def test_what_was_imported_before_grading_is_hidden_from_the_collector_during_a_
     assert gc.get_freeze_count() == 0  # and given back to the collector when the session ends
 
 
+AT_EXIT = '''
+import atexit
+import gc
+from pathlib import Path
+
+
+def _note():  # registered before the plugin's own: runs after it
+    Path(__file__).with_name("frozen_at_exit.txt").write_text(str(gc.get_freeze_count()))
+
+
+atexit.register(_note)
+'''
+
+
+def test_what_is_alive_when_a_grading_process_ends_is_frozen_so_the_interpreter_does_not_walk_it(toy):
+    toy.pytester.makeconftest(AT_EXIT)
+    toy.kata(double="return x * 2")
+    toy.pytester.runpytest_subprocess("katas", "-p", "no:cacheprovider", "--kata-no-warm", timeout=240)
+    assert int((toy.pytester.path / "frozen_at_exit.txt").read_text()) > 1000  # torch & co. (unfrozen at cleanup)
+
+
 def test_a_run_without_katas_freezes_nothing(pytester: pytest.Pytester):
     pytester.makeconftest(RECORDER)
     pytester.makepyfile(test_plain="def test_one():\n    assert True\n")

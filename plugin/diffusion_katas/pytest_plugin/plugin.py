@@ -115,6 +115,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     warm.start_if_asked(config)
 
 
+_EXIT_FREEZE: list = []
+
+
+def _freeze_at_exit() -> None:
+    """At the process's end (once registered, at the first grading): everything still alive is frozen again, after
+    pytest's cleanups unfroze it, so the interpreter's last collections skip torch's and diffusers' heap. Finalizing
+    it took a second after the verdict was printed; the process ends either way, and files and streams are still
+    flushed and closed."""
+    if not _EXIT_FREEZE:
+        import atexit
+
+        atexit.register(gc.freeze)
+        _EXIT_FREEZE.append(True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register our markers and, inside a course, set up the grading session in the stash."""
     for line in MARKERS:
@@ -284,6 +299,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             # Everything imported so far (torch, diffusers, the graders) lives until the process ends: move
             # it out of the collector's sight for this run, so collections walk only what grading creates.
             gc.freeze()
+            _freeze_at_exit()
     if any(item.get_closest_marker("cuda") for item in items):
         import torch
 
