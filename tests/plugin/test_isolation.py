@@ -573,3 +573,26 @@ def test_the_graders_own_work_around_a_call_failing_is_never_the_learners_crash(
     result.stdout.fnmatch_lines(["*the check's inputs could not be copied: RuntimeError: this scheduler cannot be "
                                  "copied*"])
     assert "your function raised" not in result.stdout.str()
+
+
+def test_a_calls_inputs_go_to_the_runner_with_their_storages_as_bytes_and_come_back_equal():
+    import io
+    import pickle
+    import pickletools
+
+    import torch
+
+    from diffusion_katas.engine.runner import Sent, _Outbound
+
+    module = torch.nn.Linear(5, 3).to(torch.float16)
+    x = torch.randn(4, 6)[:, 1:]  # a view: its storage offset and strides travel too
+    buffer = io.BytesIO()
+    _Outbound(buffer, {}).dump(dict(module=module, x=x, flags=torch.tensor([True, False])))
+    names = {arg for op, arg, _ in pickletools.genops(buffer.getvalue()) if op.name in ("STACK_GLOBAL", "GLOBAL")
+             or isinstance(arg, str)}
+    assert "typed_storage" in names and "_load_from_bytes" not in names  # no torch.save file per storage
+    back = Sent(buffer.getvalue(), {}).inputs()
+    assert torch.equal(back["x"], x) and back["x"].stride() == x.stride()
+    assert back["module"].weight.dtype == torch.float16 and torch.equal(back["module"].weight, module.weight)
+    assert torch.equal(back["flags"], torch.tensor([True, False]))
+    assert pickle.loads(buffer.getvalue())["x"].sum() == x.sum()  # a plain unpickler reads it, as the runner does

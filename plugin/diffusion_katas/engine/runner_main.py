@@ -414,11 +414,21 @@ _REMOTE: list = []
 
 
 class _Inbound(pickle.Unpickler):
-    """The grader's inputs, with its remote models as stand-ins (pickle's persistent ids)."""
+    """The grader's inputs (engine/runner.py's _Outbound pickled them), its remote models as stand-ins."""
 
-    def persistent_load(self, pid):
-        _kind, handle, view = pid
-        return _remote_model()(handle, dict(view))
+
+def remote_stand_in(handle: int, view: dict):
+    """What a remote model becomes in the runner (engine/runner.py's _Outbound names this function)."""
+    return _remote_model()(handle, dict(view))
+
+
+def typed_storage(data, dtype):
+    """A CPU storage pickled as its bytes (engine/runner.py's _Outbound), rebuilt around them without a copy:
+    torch's own pickling saves each storage as a file of its own, which cost the grader seconds a course."""
+    import torch
+
+    untyped = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() if len(data) else torch.UntypedStorage(0)
+    return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
 def _remote_model():
