@@ -82,14 +82,23 @@ class Scenario:
 
 
 class _Deferred:
-    """A deferred shadow: computed on first use, then kept (a kept build's copies share it)."""
+    """A deferred shadow: computed on first use, then kept (a kept build's copies share it). torch's global RNG is
+    left as it was: whenever the shadow is computed, if ever, what the grader draws after it does not change."""
 
     def __init__(self, compute: Callable[[], Any]):
         self._compute, self._value, self._done = compute, None, False
 
     def value(self) -> Any:
         if not self._done:
-            self._value, self._done = self._compute(), True
+            import sys
+
+            torch = sys.modules.get("torch")
+            state = torch.random.get_rng_state() if torch is not None else None
+            try:
+                self._value, self._done = self._compute(), True
+            finally:
+                if state is not None:
+                    torch.random.set_rng_state(state)
         return self._value
 
 
