@@ -407,6 +407,15 @@ def _(records, rec, images, kw):
     records[2] = _record("unet input", torch.cat([rec["initial"], rec["initial"]]))
 
 
+@_trace_trap("the initial latents recorded before the init_noise_sigma scaling (the raw noise)",
+             hint="x_T is the noise times the scheduler's init_noise_sigma (σ_max for Euler, 1 for DDIM): record "
+                  "what prepare_latents returns, the tensor the loop starts from.")
+def _(records, rec, images, kw):
+    scheduler = copy.deepcopy(kw["scheduler"])
+    scheduler.set_timesteps(kw["num_inference_steps"])
+    records[1] = _record("initial latents", rec["initial"] / scheduler.init_noise_sigma)
+
+
 @_trace_trap("the decoder's output recorded after postprocessing (it is in [−1, 1], the image in [0, 1])",
              hint="The 'decoded' boundary is what the VAE decoder returns, before postprocess maps [−1, 1] to "
                   "[0, 1]: its min is below 0.")

@@ -138,6 +138,10 @@ MUTANTS = [
         return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
      """, Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
     ("inference_trace", trace_body(conditioning="prompt_embeds"), "the conditioning recorded as the prompt alone"),
+    ("inference_trace",  # a blind learner's: x_T recorded before prepare_latents scaled it
+     trace_body().replace('trace.append(boundary("initial latents", latents))',
+                          'trace.append(boundary("initial latents", latents / scheduler.init_noise_sigma))'),
+     "the initial latents recorded before the init_noise_sigma scaling"),
     ("inference_trace", trace_body(image='vae_lab.postprocess(decoded.float(), "pt")'),
      "the image upcast to float32"),  # the lesson's trace-dtypes trap: postprocessed in float32
     # Lab 12's trace by value: a tensor of the right shape recorded at the wrong point of the step
