@@ -86,6 +86,13 @@ def test_os_exit_and_a_segfault_end_only_the_runner(toy):
     assert result.ret == 1
 
 
+def test_a_runner_terminated_by_its_own_code_dies_of_the_signal_and_the_next_check_still_runs(toy):
+    toy.kata(double="import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", stay_put="return x")
+    result = toy.run("katas")
+    result.stdout.fnmatch_lines(["*ended without answering (killed by signal 15 (SIGTERM))*"])
+    assert result.parseoutcomes()["passed"] == 1  # stay_put, graded after it in a runner of its own
+
+
 def test_code_that_exits_at_import_fails_each_function_with_the_reason(toy):
     (toy.pytester.path / "katas" / "01_toy.py").write_text(
         '"""Lab 01 · Toy lab"""\nimport os\nos._exit(0)\n')

@@ -129,6 +129,7 @@ def zygote(control_fd: int) -> None:
                 control.close()
                 os.setpgid(0, 0)  # its own process group: a kill ends whatever the learner's code started
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the warm parent's end() is not the runner's
                 code = 0
                 log = os.dup(2)  # the warm parent's stderr (KATA_RUNNER_LOG), before serve() captures fd 2
                 try:
