@@ -339,6 +339,23 @@ def _(noise_cfg, noise_text, guidance_rescale):
     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
 
 
+@rescale_guidance.trap("the φ blend weights swapped: (1 − φ)·rescaled + φ·noise_cfg",
+                       hint="φ is the weight of the RESCALED prediction: φ·rescaled + (1 − φ)·noise_cfg "
+                            "(torch.lerp(noise_cfg, rescaled, φ), the start first).")
+def _(noise_cfg, noise_text, guidance_rescale):
+    dims = _per_sample_dims(noise_cfg)
+    r = noise_cfg * (_std(noise_text, dims) / _std(noise_cfg, dims))
+    return (1 - guidance_rescale) * r + guidance_rescale * noise_cfg
+
+
+@rescale_guidance.trap("σ over dims (1, 2, 3): four dimensions assumed (a transformer's (B, L, C) has three)",
+                       hint="Reduce over every dim but the batch, whatever their number: "
+                            "dim=list(range(1, x.ndim)).")
+def _(noise_cfg, noise_text, guidance_rescale):
+    r = noise_cfg * (noise_text.std(dim=(1, 2, 3), keepdim=True) / noise_cfg.std(dim=(1, 2, 3), keepdim=True))
+    return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+
+
 # ---- guided_noise ---------------------------------------------------------------------------------------
 COUNTED_UNET = "UNet2DConditionModel(tiny, random weights; calls counted)"  # the probe's repr in messages
 

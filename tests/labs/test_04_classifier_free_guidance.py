@@ -39,6 +39,19 @@ MUTANTS = [
     ("guidance_combine",  # the average of the branches, scaled: no trap, still wrong
      "return guidance_scale * (noise_uncond + noise_text) / 2",
      'ε_u + s·ε_c − ε_u (parentheses missing'),
+    ("rescale_guidance",  # a blind learner's: torch.lerp with its ends swapped
+     """
+     dims = list(range(1, noise_cfg.ndim))
+     r = noise_cfg * (noise_text.std(dim=dims, keepdim=True) / noise_cfg.std(dim=dims, keepdim=True))
+     return torch.lerp(r, noise_cfg, guidance_rescale)
+     """,
+     "the φ blend weights swapped"),
+    ("rescale_guidance",  # a blind learner's: SD's 4-D latents assumed; a transformer's (B, L, C) crashes
+     """
+     r = noise_cfg * (noise_text.std(dim=(1, 2, 3), keepdim=True) / noise_cfg.std(dim=(1, 2, 3), keepdim=True))
+     return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
+     """,
+     "σ over dims (1, 2, 3): four dimensions assumed"),
     ("rescale_guidance",
      """
      r = noise_cfg * (noise_text.std() / noise_cfg.std())
