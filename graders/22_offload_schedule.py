@@ -415,7 +415,7 @@ def _(case, g):
 
 def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_release=False, per_call=False,
            off_chain_released=False, peak_largest=False, release_last_called=False, load_first=False,
-           moved_every_call=False, arrival_order=False, released_all=False):
+           moved_every_call=False, arrival_order=False, released_all=False, moved_out_every_call=False):
     order = list(offload_seq) if full_seq else [n for n in offload_seq if n in sizes]
     pred = dict(zip(order[1:], order))
     on, last, arrived = set(), None, []
@@ -432,9 +432,12 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
                 leaving |= {n for n in on if n not in order and n != c}
         if load_first and c not in on:  # the newcomer in before the predecessor leaves: both count at the peak
             out["peak_bytes"] = max(out["peak_bytes"], sum(sizes[n] for n in on | {c}))
-        for n in leaving & on:
+        going = leaving & on
+        for n in going:
             on.discard(n)
             moved_out += sizes[n]
+        if moved_out_every_call and pred.get(c) is not None and pred[c] not in going:
+            moved_out += sizes[pred[c]]  # counted out although it was already on the host
         if c not in on or moved_every_call:
             on.add(c)
             moved_in = sizes[c]
@@ -455,6 +458,13 @@ def _trace(calls, sizes, offload_seq, *, release_last=False, full_seq=False, no_
                                "steps find it on the device and move nothing (to_device 0).")
 def _(calls, sizes, offload_seq):
     return _trace(calls, sizes, offload_seq, moved_every_call=True)
+
+
+@model_offload_trace.trap("the predecessor's bytes counted out at every call, even while it is on the host",
+                          hint="The hook offloads the predecessor only if it is on the device: once it has left, the "
+                               "component's later calls move nothing out (to_host 0).")
+def _(calls, sizes, offload_seq):
+    return _trace(calls, sizes, offload_seq, moved_out_every_call=True)
 
 
 @model_offload_trace.trap("resident listed in the order the components came in, not sorted",

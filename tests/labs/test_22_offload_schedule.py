@@ -147,6 +147,8 @@ MUTANTS = [
     ("model_offload_trace", trace_body(order="list(offload_seq)"),
      "the chain broken at a missing component (image_encoder=None)"),
     ("model_offload_trace", trace_body(released="0"), "nothing released when the pipeline call ends"),
+    ("model_offload_trace", trace_body(leave="c in pred"),  # a blind learner's: out at every call, on the host or not
+     "the predecessor's bytes counted out at every call"),
     ("model_offload_trace", trace_body(peak="max(sizes[n] for n in on)"),
      "peak as the largest single component on the device"),
     ("model_offload_trace", RELEASE_LAST,
