@@ -119,7 +119,7 @@ def _(case, g):
 
 
 def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, text_to_out=False,
-           no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False):
+           no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False, split_text_first=False):
     """Joint attention with one misconception switched on (for traps); all off = correct."""
     heads, n = attn.heads, x.shape[1]
     txt_layers = ((attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k) if shared or shared_in else
@@ -143,6 +143,9 @@ def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, 
             first, second = (txt, img) if text_first_split else (img, txt)
             o = _merge(F.scaled_dot_product_attention(*(torch.cat([a, b], 2) for a, b in zip(first, second))))
             o_img, o_txt = o[:, :n], o[:, n:]  # split as if the image came first
+            if split_text_first:  # concatenated image first, split as if the text came first
+                m = o.shape[1] - n
+                o_txt, o_img = o[:, :m], o[:, m:]
         image = attn.to_out[0](o_img)
         if text_to_out or shared:
             text = attn.to_out[0](o_txt)
@@ -186,6 +189,13 @@ def _(attn, hidden_states, encoder_hidden_states):
                            "Attention does not care about the order of the tokens, but your split does.")
 def _(attn, hidden_states, encoder_hidden_states):
     return _joint(attn, hidden_states, encoder_hidden_states, text_first_split=True)
+
+
+@joint_attention.trap("concatenated [image, text] but split as [text, image]",
+                      hint="The split follows the concatenation: with the image first, the image's rows of the "
+                           "output are o[:, :N] and the text's o[:, N:].")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, split_text_first=True)
 
 
 @joint_attention.trap("two separate attentions (image with image, text with text)",

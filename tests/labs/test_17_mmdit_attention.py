@@ -127,6 +127,8 @@ MUTANTS = [
     ("joint_attention", joint_body(txt="attn.to_q, attn.to_k, attn.to_v, attn.norm_added_q, attn.norm_added_k"),
      "the text projected with the image's to_q / to_k / to_v"),
     ("joint_attention", joint_body(text_out="text"), "to_add_out skipped"),
+    ("joint_attention",  # a blind learner's: the image first in the concatenation, the text first in the split
+     joint_body(split="o[:, o.shape[1] - n:], o[:, :o.shape[1] - n]"), "concatenated [image, text] but split as [text, image]"),
     ("joint_attention", joint_body(txt="attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.norm_q, attn.norm_k"),
      "the image's qk-norm (norm_q / norm_k) applied to the text"),
     ("flux_position_ids", ids_body().replace("torch.arange(rows), torch.arange(cols)",
