@@ -38,6 +38,19 @@ def trace_body(old_boundary=False, **swap):
     """
 
 
+def image_body(channels="unet.config.in_channels", factor="vae_lab.vae_scale_factor(vae.config.block_out_channels)",
+               generator_on="generator", out='vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")') -> str:
+    """A body for text_to_image, the solution's, with one argument or the last line swapped for a wrong one."""
+    return f"""
+        scheduler.set_timesteps(num_inference_steps)
+        latents = components.prepare_latents(prompt_embeds.shape[0], {channels}, height, width, {factor},
+            float(scheduler.init_noise_sigma), generator, prompt_embeds.dtype)
+        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
+                          guidance_scale, {generator_on}, eta, guidance_rescale)
+        return {out}
+    """
+
+
 MUTANTS = [
     ("denoise", """
         scheduler.set_timesteps(num_inference_steps)
@@ -93,50 +106,14 @@ MUTANTS = [
                           guidance_scale, generator, eta, guidance_rescale)
         return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
      """, "init_noise_sigma read before set_timesteps"),
-    ("text_to_image", """
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                          guidance_scale, generator, eta, guidance_rescale)
-        return vae_lab.decode_latents(vae, latents)
-     """, "the decoder's [−1, 1] output returned without postprocessing"),
-    ("text_to_image", """
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                          guidance_scale, generator, eta, guidance_rescale)
-        return vae_lab.decode_latents(vae, latents) * 0.5 + 0.5
-     """, "the [−1, 1] → [0, 1] mapping not clamped"),
-    ("text_to_image", """
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            8, float(scheduler.init_noise_sigma), generator, prompt_embeds.dtype)
-        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                          guidance_scale, generator, eta, guidance_rescale)
-        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
-     """, "the VAE factor hard-coded to SD's 8"),
-    ("text_to_image", """
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], unet.config.in_channels, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                          guidance_scale, None, eta, guidance_rescale)
-        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
-     """, "the generator not handed on to denoise"),
-    ("text_to_image", """
-        scheduler.set_timesteps(num_inference_steps)
-        latents = components.prepare_latents(prompt_embeds.shape[0], 4, height, width,
-            vae_lab.vae_scale_factor(vae.config.block_out_channels), float(scheduler.init_noise_sigma),
-            generator, prompt_embeds.dtype)
-        latents = denoise(unet, scheduler, latents, prompt_embeds, negative_prompt_embeds, num_inference_steps,
-                          guidance_scale, generator, eta, guidance_rescale)
-        return vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")
-     """, Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
+    ("text_to_image", image_body(out="vae_lab.decode_latents(vae, latents)"),
+     "the decoder's [−1, 1] output returned without postprocessing"),
+    ("text_to_image", image_body(out="vae_lab.decode_latents(vae, latents) * 0.5 + 0.5"),
+     "the [−1, 1] → [0, 1] mapping not clamped"),
+    ("text_to_image", image_body(factor="8"), "the VAE factor hard-coded to SD's 8"),
+    ("text_to_image", image_body(generator_on="None"), "the generator not handed on to denoise"),
+    ("text_to_image", image_body(channels="4"),
+     Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
     ("inference_trace", trace_body(conditioning="prompt_embeds"), "the conditioning recorded as the prompt alone"),
     ("inference_trace",  # a blind learner's: x_T recorded before prepare_latents scaled it
      trace_body().replace('trace.append(boundary("initial latents", latents))',
