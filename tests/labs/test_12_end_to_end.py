@@ -38,6 +38,22 @@ def trace_body(old_boundary=False, **swap):
     """
 
 
+def denoise_body(model_input="scheduler.scale_model_input(latents, t)", extra="step_kwargs(scheduler, generator, eta)",
+                 texts="prompt_embeds, negative_prompt_embeds", rescale=", guidance_rescale", scaled_kept=False) -> str:
+    """A body for denoise, the solution's, with one part swapped for a wrong one (scaled_kept: the scaled input
+    kept as the latents, so scheduler.step gets it)."""
+    scale = "            latents = scheduler.scale_model_input(latents, t)\n" if scaled_kept else ""
+    return f"""
+        scheduler.set_timesteps(num_inference_steps)
+        extra = {extra}
+        for t in scheduler.timesteps:
+{scale}            noise_pred = cfg.guided_noise(unet, {"latents" if scaled_kept else model_input}, t, {texts},
+                                          guidance_scale{rescale})
+            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
+        return latents
+    """
+
+
 def image_body(channels="unet.config.in_channels", factor="vae_lab.vae_scale_factor(vae.config.block_out_channels)",
                generator_on="generator", out='vae_lab.postprocess(vae_lab.decode_latents(vae, latents), "pt")') -> str:
     """A body for text_to_image, the solution's, with one argument or the last line swapped for a wrong one."""
@@ -52,51 +68,12 @@ def image_body(channels="unet.config.in_channels", factor="vae_lab.vae_scale_fac
 
 
 MUTANTS = [
-    ("denoise", """
-        scheduler.set_timesteps(num_inference_steps)
-        extra = step_kwargs(scheduler, generator, eta)
-        for t in scheduler.timesteps:
-            noise_pred = cfg.guided_noise(unet, latents, t, prompt_embeds, negative_prompt_embeds,
-                                          guidance_scale, guidance_rescale)
-            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
-        return latents
-     """, "scale_model_input skipped"),
-    ("denoise", """
-        scheduler.set_timesteps(num_inference_steps)
-        for t in scheduler.timesteps:
-            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds,
-                                          negative_prompt_embeds, guidance_scale, guidance_rescale)
-            latents = scheduler.step(noise_pred, t, latents).prev_sample
-        return latents
-     """, "eta and generator not passed"),
-    ("denoise", """
-        scheduler.set_timesteps(num_inference_steps)
-        extra = step_kwargs(scheduler, generator, eta)
-        for t in scheduler.timesteps:
-            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, negative_prompt_embeds,
-                                          prompt_embeds, guidance_scale, guidance_rescale)
-            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
-        return latents
-     """, "the CFG batch's text ordered [positive, negative]"),  # the prompts swapped: guidance away from the prompt
-    ("denoise", """
-        scheduler.set_timesteps(num_inference_steps)
-        extra = step_kwargs(scheduler, generator, eta)
-        for t in scheduler.timesteps:
-            noise_pred = cfg.guided_noise(unet, scheduler.scale_model_input(latents, t), t, prompt_embeds,
-                                          negative_prompt_embeds, guidance_scale)
-            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
-        return latents
-     """, "guidance_rescale ignored"),
-    ("denoise", """
-        scheduler.set_timesteps(num_inference_steps)
-        extra = step_kwargs(scheduler, generator, eta)
-        for t in scheduler.timesteps:
-            latents = scheduler.scale_model_input(latents, t)
-            noise_pred = cfg.guided_noise(unet, latents, t, prompt_embeds, negative_prompt_embeds, guidance_scale,
-                                          guidance_rescale)
-            latents = scheduler.step(noise_pred, t, latents, **extra).prev_sample
-        return latents
-     """, "scheduler.step given the scaled model input"),
+    ("denoise", denoise_body(model_input="latents"), "scale_model_input skipped"),
+    ("denoise", denoise_body(extra="{}"), "eta and generator not passed"),
+    ("denoise", denoise_body(texts="negative_prompt_embeds, prompt_embeds"),
+     "the CFG batch's text ordered [positive, negative]"),  # the prompts swapped: guidance away from the prompt
+    ("denoise", denoise_body(rescale=""), "guidance_rescale ignored"),
+    ("denoise", denoise_body(scaled_kept=True), "scheduler.step given the scaled model input"),
     ("text_to_image", """
         sigma = float(scheduler.init_noise_sigma)
         scheduler.set_timesteps(num_inference_steps)
