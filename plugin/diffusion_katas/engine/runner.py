@@ -85,6 +85,7 @@ class Zygote:
         self.control = parent
         self._buffer = b""
         self._unread = 0  # answers to `preload` not read yet
+        self._forked: list = []  # a `fork` sent, its pid not read yet (at most one: see `fork`)
 
     @classmethod
     def shared(cls) -> "Zygote":
@@ -119,11 +120,24 @@ class Zygote:
         return line.decode()
 
     def _command(self, command: dict, fds: list[int] = ()) -> str:
-        while self._unread:  # the answers to `preload` (a real `load` follows it and says what failed)
-            self._line()
-            self._unread -= 1
+        self._read_pending()
         socket.send_fds(self.control, [pickle.dumps(command)], list(fds))
         return self._line()
+
+    def _read_pending(self) -> None:
+        """Read the answers to commands sent without waiting, in the order they were sent: `preload`'s (a real
+        `load` follows it and says what failed) and a `fork`'s pid."""
+        while self._unread:
+            self._line()
+            self._unread -= 1
+        while self._forked:
+            pending = self._forked.pop(0)
+            try:
+                answer = self._line()
+            except (OSError, RunnerGone) as exc:
+                pending.append(exc)
+                raise
+            pending.append(answer)
 
     @classmethod
     def preload(cls, modules: list[tuple[str, str]], learner_sources: tuple = ()) -> None:
@@ -135,7 +149,7 @@ class Zygote:
         if current is None or current.process.poll() is not None:
             return
         with current._lock:
-            if current._unread:
+            if current._unread or current._forked:
                 return
             try:
                 socket.send_fds(current.control, [pickle.dumps(current._load_command(modules, learner_sources))], [])
@@ -156,17 +170,23 @@ class Zygote:
         return {"op": "load", "modules": [tuple(m) for m in modules], "cwd": os.getcwd(), "sys_path": list(sys.path),
                 "learner_sources": [str(p) for p in learner_sources]}
 
-    def fork(self, lock: tuple = ()) -> tuple[int, socket.socket]:
+    def fork(self, lock: tuple = ()) -> tuple["Forked", socket.socket]:
         """A runner, forked with `lock` (CodeLock's arguments) already installed by the warm parent: the answer
         key's code is read once there, where its pages are the parent's own, not copied on first touch in each
-        runner."""
+        runner. The fork is not waited for: its socket can be written to at once (the runner reads it when it is
+        there), and its pid is read when first needed, or before the next command (one unread command at most:
+        the control socket is a stream, and the warm parent reads a command per message). Forking the warm
+        parent's large heap takes it tens of milliseconds, which the grader spends building instead."""
         with self._lock:
             mine, theirs = socket.socketpair()
             try:
-                pid = int(self._command({"op": "fork", "lock": tuple(lock)}, [theirs.fileno()]).split()[1])
+                self._read_pending()
+                socket.send_fds(self.control, [pickle.dumps({"op": "fork", "lock": tuple(lock)})], [theirs.fileno()])
             finally:
                 theirs.close()
-        return pid, mine
+            answer: list = []
+            self._forked.append(answer)
+        return Forked(self, answer), mine
 
     def wait(self, pid: int) -> str:
         with self._lock:
@@ -178,6 +198,18 @@ class Zygote:
         with self._lock:
             self._command({"op": "forget", "pid": pid})
 
+    def pid_of(self, answer: list) -> int:
+        """The pid of a runner `fork` started (its answer read here if not yet)."""
+        with self._lock:
+            if not answer:
+                self._read_pending()
+        if isinstance(answer[0], BaseException):
+            raise RunnerGone(f"the runners' warm parent could not fork ({answer[0]})")
+        try:
+            return int(answer[0].split()[1])
+        except (IndexError, ValueError):
+            raise RunnerGone(f"the runners' warm parent could not fork: {answer[0][:200]}") from None
+
     def close(self) -> None:
         try:
             self.control.close()
@@ -188,6 +220,19 @@ class Zygote:
                 self.process.kill()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class Forked:
+    """A runner being forked by the warm parent: its pid, read when first asked for."""
+
+    def __init__(self, zygote: Zygote, answer: list):
+        self._zygote, self._answer, self._pid = zygote, answer, None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            self._pid = self._zygote.pid_of(self._answer)
+        return self._pid
 
 
 # What the runners' environment keeps of the grader's: locale, paths the libraries read, the GPU's settings and
@@ -229,7 +274,7 @@ class Runner:
             self.zygote = Zygote.replaced(self.zygote)
             self.zygote.load(grader_modules, (source, *learner_files))
         learner = {str(source), *(str(p) for p in learner_files)}
-        self.pid, self.sock = self.zygote.fork((tuple(answer_key), kata, tuple(forbidden_ops), tuple(sorted(learner)),
+        self._forked, self.sock = self.zygote.fork((tuple(answer_key), kata, tuple(forbidden_ops), tuple(sorted(learner)),
                                                 tuple(answer_key_direct)))
         self.timeout = timeout
         self.printed = ""
@@ -245,6 +290,10 @@ class Runner:
             "answer_key_direct": tuple(answer_key_direct), "memory": memory, "cuda": cuda})
         if wait:
             self._opened = self._answer()
+
+    @property
+    def pid(self) -> int:
+        return self._forked.pid
 
     @property
     def open_reply(self) -> dict:
@@ -427,8 +476,12 @@ class Runner:
             return
         self.closed = True
         self.sock.close()
-        _kill_group(self.pid)
-        self.zygote.forget(self.pid)
+        try:
+            pid = self.pid
+        except RunnerGone:  # it was never forked: nothing to end
+            return
+        _kill_group(pid)
+        self.zygote.forget(pid)
 
 
 class Sent:

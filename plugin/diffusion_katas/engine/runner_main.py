@@ -96,6 +96,7 @@ def zygote(control_fd: int) -> None:
     _prepare_runners()
     loaded: dict[str, tuple[str, int]] = {}
     forgotten: set[int] = set()  # killed runners whose end nobody waits for: reaped when they are gone
+    children: set[int] = set()  # every runner not reaped yet (two may be alive: the next check's opens early)
     while True:
         try:
             message, fds, _flags, _addr = socket.recv_fds(control, 1 << 16, 1)
@@ -107,14 +108,18 @@ def zygote(control_fd: int) -> None:
             try:
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     forgotten.discard(pid)
+                    children.discard(pid)
             except ChildProcessError:
                 forgotten.discard(pid)
-        if not forgotten:
+                children.discard(pid)
+        if _none_running(children):
             _empty_scratch()
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
             before = dict(loaded)
             answer = _load_graders(command, loaded)
+            if loaded != before:
+                _LOCKS.clear()
             # the sandbox's plan again only where a grader was (re)loaded; the size always (the graders' and their
             # imports' size is the runners' starting point)
             _prepare_runners(plan=loaded != before)
@@ -144,6 +149,7 @@ def zygote(control_fd: int) -> None:
                         pass
                 os._exit(code)
             os.close(fds[0])
+            children.add(pid)
             control.sendall(f"pid {pid}\n".encode())
         elif command["op"] == "forget":
             forgotten.add(command["pid"])
@@ -155,27 +161,49 @@ def zygote(control_fd: int) -> None:
                        else f"exit {os.WEXITSTATUS(status)}")
             except ChildProcessError:
                 how = "unknown"
-            if not forgotten:
+            children.discard(command["pid"])
+            if _none_running(children):
                 _empty_scratch()
             control.sendall(f"{how}\n".encode())
         for fd in fds[1:] if command["op"] == "fork" else fds:
             os.close(fd)
 
 
+def _none_running(children: set[int]) -> bool:
+    """Whether every runner forked has ended (a zombie counts as ended; none is reaped here: the grader's `wait`
+    reads how it ended)."""
+    for pid in children:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return False
+        except ChildProcessError:
+            pass
+    return True
+
+
 _PREPARED: list = []  # (CodeLock's arguments, the lock installed with them) for the runner forked next
+# Locks installed here, by their arguments: reading the answer key's code took 20-30 ms a fork, and a grading asks
+# for the same few again and again. Emptied when a grader is (re)loaded (its functions may be in an answer key).
+_LOCKS: dict = {}
 
 
 def _prepared_lock(arguments: tuple):
-    """The runner's lock, installed here in the warm parent before the fork (no learner code has run in either)."""
+    """The runner's lock, installed here in the warm parent before the fork (no learner code has run in either).
+    A runner arms its own copy of it (the fork's): the one kept here is never armed, so it is reused as it was."""
     from diffusion_katas.engine.isolation import CodeLock
 
     if len(arguments) != 5:
         return None
-    try:
-        lock = CodeLock(*arguments)
-        lock.install()
-    except Exception:  # noqa: BLE001  (the runner installs its own, and reports what fails)
-        return None
+    lock = _LOCKS.get(arguments)
+    if lock is None:
+        try:
+            lock = CodeLock(*arguments)
+            lock.install()
+        except Exception:  # noqa: BLE001  (the runner installs its own, and reports what fails)
+            return None
+        if len(_LOCKS) >= 256:
+            _LOCKS.clear()
+        _LOCKS[arguments] = lock
     return arguments, lock
 
 

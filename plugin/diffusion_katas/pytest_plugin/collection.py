@@ -270,11 +270,31 @@ class KataItem(pytest.Item):
         if self.parent.untouched():  # every function still its stub: TODO, without a runner (or a reference) built
             raise KataTodo(self.kata.name, "")
         try:
-            self.open_runner()
+            if getattr(self, "runner", None) is None:
+                self.open_runner()
+            else:  # opened while the check before it ran (`_open_next`): this check's time counts from now
+                self.deadline = time.monotonic() + self.config.stash[state.SESSION].timeout
             ahead = self._built_while_opening(self.check)
+            self._open_next()
             self.run_check(self.check, self.learner_function(), ahead)
         finally:
             self.close_runner()
+
+    def _open_next(self) -> None:
+        """Open the next check's runner now, where that check grades the same file: its fork and the import of
+        the learner's file happen while this check runs (a runner takes tens of milliseconds to be ready; lab 01's
+        six checks spent half their time waiting for them). The next check reads its runner's answer as if it had
+        opened it itself; one that cannot be opened here is opened again in its own turn, which reports why."""
+        following = getattr(self, "next_item", None)
+        if type(following) is not KataItem or following.parent is not self.parent \
+                or getattr(following, "runner", None) is not None:
+            return
+        try:
+            following.open_runner()
+        except Exception:  # noqa: BLE001  (it fails again in its own turn, and says so there)
+            following.runner = None
+            return
+        self.config.stash[state.SESSION].opened_ahead.append(following)
 
     def close_runner(self) -> None:
         runner = getattr(self, "runner", None)
@@ -282,6 +302,7 @@ class KataItem(pytest.Item):
             runner.close()
             self._echo()
             self.runner = None
+
 
     def _echo(self) -> None:
         """What the learner's code printed, into this item's captured output (capped by the runner)."""
@@ -768,6 +789,23 @@ class KataItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, 0, f"{self.lab}::{self.name}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Tell a check which item runs after it (its runner may be opened ahead: KataItem._open_next)."""
+    if isinstance(item, KataItem):
+        item.next_item = nextitem
+
+
+def close_opened_ahead(kata_session) -> None:
+    """Close the runners opened for checks that never ran (the run stopped first: -x, Ctrl-C)."""
+    for item in kata_session.opened_ahead:
+        runner = getattr(item, "runner", None)
+        if runner is not None:
+            runner.close()
+            item.runner = None
+    kata_session.opened_ahead.clear()
 
 
 class BudgetItem(KataItem):

@@ -14,7 +14,8 @@ import pytest
 
 from diffusion_katas.core.course import Course
 from diffusion_katas.pytest_plugin import session as state
-from diffusion_katas.pytest_plugin.collection import pytest_collect_file, pytest_pycollect_makemodule  # noqa: F401
+from diffusion_katas.pytest_plugin.collection import (  # noqa: F401  (hooks)
+    pytest_collect_file, pytest_pycollect_makemodule, pytest_runtest_protocol)
 from diffusion_katas.pytest_plugin.reporting import (  # noqa: F401  (hooks)
     pytest_deselected,
     pytest_report_header,

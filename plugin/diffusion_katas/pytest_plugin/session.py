@@ -40,6 +40,8 @@ class KataSession:
     # (lab, function, check) of kata items a selection (-k, -m, --kata-function) left out.
     deselected: list[tuple[str, str, str]] = field(default_factory=list)
     interrupted: bool = False
+    # Checks whose runner was opened while the check before them ran (closed at the end if they never ran).
+    opened_ahead: list = field(default_factory=list)
     # --kata-reuse-builds (the warm grader of `kata watch`): built references kept between gradings.
     reuse_builds: bool = False
     _recorded_failures: set | None = field(default=None, repr=False)
