@@ -17,13 +17,15 @@ CLIP_MAX_LENGTH = 32
 
 
 def unet2d(sample_size: int = 16, channels: int = 3):
-    """A pixel-space UNet2DModel (45k params, ~5-9 ms a forward) for DDPM/DDIM pipelines."""
+    """A pixel-space UNet2DModel for DDPM/DDIM pipelines: one resolution, no middle block (8k params, ~1.5 ms a
+    forward; two resolutions with attention cost 7 ms, and lab 05 runs ~130 forwards a grading). Still a function
+    of both the sample and the timestep (every resnet takes the time embedding), which is all a loop's checks need."""
     from diffusers.models.unets.unet_2d import UNet2DModel
 
     return UNet2DModel(
         sample_size=sample_size, in_channels=channels, out_channels=channels, layers_per_block=1,
-        block_out_channels=(8, 16), norm_num_groups=4, attention_head_dim=4,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=(8,), norm_num_groups=4, down_block_types=("DownBlock2D",),
+        up_block_types=("UpBlock2D",), mid_block_type=None,
     ).eval()
 
 
