@@ -148,6 +148,14 @@ def _(batch_size, channels, size, generator, dtype):
     return torch.randn((batch_size, channels, size, size), generator=generator).to(dtype)
 
 
+@initial_noise.trap("drawn from the global RNG: generator= not passed",
+                    hint="torch.randn(shape, dtype=dtype) without generator= draws from torch's global RNG: "
+                         "another seed's noise, and the pipeline's generator never advances. Pass "
+                         "generator=generator.")
+def _(batch_size, channels, size, generator, dtype):
+    return torch.randn((batch_size, channels, size, size), dtype=dtype)
+
+
 @initial_noise.trap("uniform noise (torch.rand) instead of Gaussian",
                     hint="Diffusion starts from N(0, I): torch.randn, not torch.rand (uniform on [0, 1)).")
 def _(batch_size, channels, size, generator, dtype):
@@ -271,6 +279,19 @@ def _(sample):
                     "the negative half.")
 def _(sample):
     return sample.clamp(0, 1)
+
+
+@to_image.trap("clamped to [-1, 1], never mapped to [0, 1]",
+               hint="The sample lives in [-1, 1]; an image in [0, 1]: x/2 + ½ first, then clamp(0, 1).")
+def _(sample):
+    return sample.clamp(-1, 1)
+
+
+@to_image.trap("stretched by its own min and max, not mapped from [-1, 1]",
+               hint="The map is fixed: x/2 + ½, then clamp(0, 1). Min-max stretching depends on each batch's "
+                    "extremes, so the same latent gives another image in another batch.")
+def _(sample):
+    return (sample - sample.min()) / (sample.max() - sample.min())
 
 
 @to_image.trap("scaled to 0-255",

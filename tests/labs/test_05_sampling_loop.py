@@ -48,7 +48,7 @@ MUTANTS = [
      "drawn in float32, then cast to dtype"),
     ("initial_noise",  # the global RNG instead of the generator
      "return torch.randn((batch_size, channels, size, size), dtype=dtype)",
-     Fails("wrong", "values differ")),
+     "drawn from the global RNG: generator= not passed"),
     ("initial_noise",  # the dtype ignored
      "return torch.randn((batch_size, channels, size, size), generator=generator)",
      Fails("wrong", "has dtype")),
@@ -77,6 +77,15 @@ MUTANTS = [
     ("to_image", "return sample / 2 + 0.5", "rescaled but not clamped"),
     ("to_image", "return sample.clamp(0, 1)", "clamped but not rescaled"),
     ("to_image", "return (sample / 2 + 0.5).clamp(0, 1) * 255", "scaled to 0-255"),
+    ("to_image", "return sample.clamp(-1, 1)", "clamped to [-1, 1], never mapped to [0, 1]"),
+    ("to_image", "return (sample - sample.min()) / (sample.max() - sample.min())",
+     "stretched by its own min and max, not mapped from [-1, 1]"),
+    ("to_image",  # per image: a near variant of the batch-wide stretch
+     """
+     lo = sample.amin(dim=(1, 2, 3), keepdim=True)
+     return (sample - lo) / (sample.amax(dim=(1, 2, 3), keepdim=True) - lo)
+     """,
+     "stretched by its own min and max, not mapped from [-1, 1]"),
     ("to_image", "return sample.sigmoid()", Fails("wrong", "values differ")),
     ("generate",
      """
