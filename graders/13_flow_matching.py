@@ -137,6 +137,17 @@ _ladder_trap("shifted the wrong way (1/s)",
 _ladder_trap("grid down to 0, then another 0",
              "The grid ends at the smallest training σ, shift(1/T), not at 0: the only 0 is the terminal one.",
              grid_to_zero=True)
+
+
+@flow_sigmas.trap("one grid of n + 1 points from 1 down to 0 (the terminal σ taken from the grid)",
+                  hint="The n sigmas run from 1 to shift(1/T), the smallest training σ; the terminal 0 is appended "
+                       "after them, not the last point of the grid (n + 1 evenly spaced points put every σ "
+                       "elsewhere).")
+def _(num_inference_steps, shift=1.0, num_train_timesteps=1000):
+    sigmas = _shift(torch.linspace(1.0, 0.0, num_inference_steps + 1, dtype=torch.float64), shift).to(torch.float32)
+    return sigmas, sigmas[:-1] * num_train_timesteps
+
+
 _ladder_trap("timesteps from the unshifted grid",
              "The model must see the σ it is at: timesteps = T · (the shifted σs), not T · grid.",
              unshifted_timesteps=True)
@@ -211,6 +222,15 @@ def _(height, width, vae_scale_factor=8, patch_size=2, **line):
     seq = tokens_of(height, width, vae_scale_factor, patch_size)
     m = (line["max_shift"] - line["base_shift"]) / (line["max_image_seq_len"] - line["base_image_seq_len"])
     return line["base_shift"] + m * seq
+
+
+@resolution_mu.trap("the line drawn from (0 tokens, base_shift) to (max_image_seq_len, max_shift)",
+                    hint="The line goes through (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift): "
+                         "slope (max_shift − base_shift)/(max_image_seq_len − base_image_seq_len), and μ = "
+                         "base_shift at base_image_seq_len tokens, not at 0.")
+def _(height, width, vae_scale_factor=8, patch_size=2, **line):
+    seq = tokens_of(height, width, vae_scale_factor, patch_size)
+    return line["base_shift"] + (line["max_shift"] - line["base_shift"]) * seq / line["max_image_seq_len"]
 
 
 @resolution_mu.trap("returned the shift e^μ instead of μ",
@@ -507,6 +527,13 @@ def _(model_output, sample, sigma, sigma_next):
                       hint="x − σ·v is where the line ends (σ = 0); the step stops at σ_next: x + (σ_next − σ)·v.")
 def _(model_output, sample, sigma, sigma_next):
     return (sample.float() - sigma * model_output.float()).to(model_output.dtype)
+
+
+@flow_euler_step.trap("the step in timestep units (t_next − t = 1000·(σ_next − σ))",
+                      hint="The velocity is per unit of σ, not of t = 1000·σ: x + (σ_next − σ)·v. A step 1000 times "
+                           "too long throws x far past the data.")
+def _(model_output, sample, sigma, sigma_next):
+    return (sample.float() + (sigma_next - sigma) * 1000 * model_output.float()).to(model_output.dtype)
 
 
 @flow_euler_step.trap("left in float32 for a float16 model",

@@ -124,6 +124,17 @@ MUTANTS = [
     ("flow_euler_step", step_body(update="sample.float() - sigma * model_output.float()"),
      "returned x̂₀ = x − σ·v"),
     ("flow_euler_step", step_body(cast=""), "left in float32 for a float16 model"),
+    ("flow_euler_step", step_body(update="sample.float() + (sigma_next - sigma) * 1000 * model_output.float()"),
+     "the step in timestep units"),
+    ("flow_sigmas",  # n + 1 grid points down to 0: the terminal σ taken from the grid
+     """
+     n, T = num_inference_steps, num_train_timesteps
+     s = shift_sigma(torch.linspace(1.0, 0.0, n + 1, dtype=torch.float64), shift).float()
+     return s, s[:-1] * T
+     """,
+     "one grid of n + 1 points from 1 down to 0"),
+    ("resolution_mu", mu_body(slope="(max_shift - base_shift) / max_image_seq_len", mu="base_shift + m * tokens"),
+     "the line drawn from (0 tokens, base_shift)"),
     ("flow_euler_step",  # the step size σ_next alone
      step_body(update="sample.float() + sigma_next * model_output.float()"), Fails("wrong", "values differ")),
     ("flow_euler_step",  # lab 03's VE-Euler step with v read as ε and a √(σ² + 1) scaling left in
