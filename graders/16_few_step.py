@@ -302,7 +302,7 @@ def _(case, g):
 
 def wrong_lcm(model_output, timestep, sample, alphas_cumprod, timesteps, generator, prediction_type="epsilon",
               timestep_scaling=10.0, *, renoise_last=False, ddim_prev=False, swap=False, no_boundary=False,
-              no_scaling=False):
+              no_scaling=False, v_swap=""):
     """The LCM step with one misconception switched on (each trap below names one). It computes in diffusers'
     dtypes (0-dim float32 ᾱ times tensors of the model output's dtype), so where a misconception changes
     nothing it lands on diffusers' own rounding."""
@@ -310,7 +310,12 @@ def wrong_lcm(model_output, timestep, sample, alphas_cumprod, timesteps, generat
     ladder = [int(t) for t in timesteps.tolist()]
     i = ladder.index(int(timestep))
     a = alphas_cumprod[timestep]
-    x0 = _x0(model_output, sample, a, prediction_type)
+    if prediction_type == "v_prediction" and v_swap == "coefficients":
+        x0 = (1 - a) ** 0.5 * sample - a**0.5 * model_output
+    elif prediction_type == "v_prediction" and v_swap == "roles":
+        x0 = a**0.5 * model_output - (1 - a) ** 0.5 * sample
+    else:
+        x0 = _x0(model_output, sample, a, prediction_type)
     c_skip, c_out = _scalings(timestep, 1.0 if no_scaling else timestep_scaling, swap=swap)
     denoised = x0 if no_boundary else c_out * x0 + c_skip * sample
     last = i == len(ladder) - 1
@@ -347,6 +352,11 @@ _step_trap("boundary condition skipped (denoised = x̂₀)",
            "timestep_scaling) c_skip is far from 0.", no_boundary=True)
 _step_trap("timestep_scaling forgotten in the boundary scalings",
            "c_skip and c_out take τ = timestep_scaling·t, not t.", no_scaling=True)
+_step_trap("v-prediction's x̂₀ with √ᾱ and √(1 − ᾱ) swapped (√(1 − ᾱ)·x − √ᾱ·v)",
+           "x_t = √ᾱ·x₀ + √(1 − ᾱ)·ε and v = √ᾱ·ε − √(1 − ᾱ)·x₀ give x̂₀ = √ᾱ·x_t − √(1 − ᾱ)·v.",
+           v_swap="coefficients")
+_step_trap("v-prediction's x̂₀ with x and v exchanged (√ᾱ·v − √(1 − ᾱ)·x)",
+           "x̂₀ = √ᾱ·x_t − √(1 − ᾱ)·v: the sample takes √ᾱ, the model's v takes −√(1 − ᾱ).", v_swap="roles")
 
 
 # ---- turbo_schedule ---------------------------------------------------------------------------------

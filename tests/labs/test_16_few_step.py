@@ -131,8 +131,9 @@ MUTANTS = [
     ("lcm_step",  # z drawn before checking for the last step, then thrown away: right values, one draw too many
      step_body(last="i == len(ladder) - 1 and torch.randn(model_output.shape, generator=generator) is not None"),
      Fails("wrong", "was left in a different state than diffusers leaves it")),
-    ("lcm_step",  # v-prediction's x̂₀ with the roles of x and v exchanged
-     step_body(x0_v="a**0.5 * out - (1 - a) ** 0.5 * x"), Fails("wrong", "values differ")),
+    ("lcm_step", step_body(x0_v="a**0.5 * out - (1 - a) ** 0.5 * x"), "v-prediction's x̂₀ with x and v exchanged"),
+    ("lcm_step", step_body(x0_v="(1 - a) ** 0.5 * x - a**0.5 * out"),
+     "v-prediction's x̂₀ with √ᾱ and √(1 − ᾱ) swapped"),
     ("turbo_schedule", turbo_body(t="[(T // n) * j + 1 for j in range(n)][::-1]"), "leading spacing with steps_offset"),
     ("turbo_schedule", turbo_body(t="torch.linspace(0, T - 1, n).round().flip(0).tolist()"), "linspace spacing"),
     ("turbo_schedule", turbo_body(out="timesteps, sigmas"), "no terminal σ = 0"),
