@@ -383,6 +383,31 @@ class KataItem(pytest.Item):
                 raise KataTodo(self.kata.name, where) from None
         raise LearnerCrash(self.last_context, error, self._crash_trap(sent.inputs(), error))
 
+    def _first_showing_trap(self, scenario, tol, rng, passed, error):
+        """Where the learner's function crashed on sizes (a shape or size mismatch) after passing earlier cases, and
+        no trap raises its error: the one declared mistake that changes the output's shape on this case and is
+        right on every case the function passed (a scale factor hard-coded to 8 is right on every x8 VAE; on the
+        first x4 one the learner's own buffers, sized for 8, cannot take the tiles). None where no trap, or more
+        than one, fits so; never after a "fix X first" (the crash may be X's)."""
+        if self.failing_dependencies() or not any(word in error.message.lower() for word in _SIZE_WORDS):
+            return None
+        try:
+            fitting = []
+            expected = _shapes(scenario.expected)
+            for i, wrong in enumerate(self._trap_outputs(scenario, self.kata.traps, rng)):
+                if wrong is _RAISED or _shapes(wrong) == expected:
+                    continue  # it does not change the output's size here
+                trap = self.kata.traps[i]
+                if all(w is not _RAISED and _passes(w, before, before_tol)
+                       for before, before_tol, before_rng, _ in passed
+                       for w in self._trap_outputs(before, [trap], before_rng)):
+                    fitting.append(trap)
+                    if len(fitting) > 1:
+                        return None
+        except Exception:  # noqa: BLE001  (naming a mistake is advice: it never hides the verdict)
+            return None
+        return fitting[0] if fitting else None
+
     def _crash_trap(self, inputs: dict, error):
         """The first trap that, run on the same inputs, raises the same error (its type and message): the mistake
         that explains a crash (lab 21's Euler scheduler shared by two requests steps past its last σ)."""
@@ -439,7 +464,13 @@ class KataItem(pytest.Item):
             if ahead:
                 following, following_context = _Built.next_of(scenarios), self.last_context
                 self.last_context = context
-            out = self.learner_reply(fn, sent)
+            try:
+                out = self.learner_reply(fn, sent)
+            except LearnerCrash as crash:
+                if crash.trap is None and passed:
+                    crash.trap = self._first_showing_trap(_AsSent(scenario, sent), tol, rng, passed, crash.exc)
+                    crash.first_shows_after = len(passed) if crash.trap is not None else 0
+                raise
             scenario = _AsSent(scenario, sent)
             if scenario.verify is not None:
                 own = torch.random.get_rng_state()
@@ -952,6 +983,19 @@ class _Built:
         if self.error is not None:
             raise self.error
         return self.item
+
+
+# What a crash about sizes says (torch's shape and size errors, numpy's broadcasting ones).
+_SIZE_WORDS = ("size", "shape", "dimension", "broadcast")
+
+
+def _shapes(value):
+    """The structure of an output as shapes: a tensor's shape, a sequence's items' (None for anything else)."""
+    if hasattr(value, "shape") and not isinstance(value, type):
+        return tuple(value.shape)
+    if isinstance(value, (tuple, list)):
+        return tuple(_shapes(v) for v in value)
+    return None
 
 
 class _AsSent:

@@ -21,6 +21,9 @@ class LearnerCrash(Exception):
         self.context = context
         self.exc = exc
         self.trap = trap  # a declared mistake that raises the same error on the same inputs: it explains the crash
+        # or, where none does, the one declared mistake that is right on every case the function passed and first
+        # shows on the case it crashed on: how many cases it passed
+        self.first_shows_after = 0
 
 
 class BudgetWaits(Exception):

@@ -100,6 +100,17 @@ def classify(excinfo, report) -> tuple[Status, Reason, str]:
     return Status.FAILED, Reason.CRASH, f"{excinfo.typename}"
 
 
+def _crash_trap_lines(crash) -> str:
+    if crash.trap is None:
+        return ""
+    if crash.first_shows_after:
+        why = (f"your function was right on the {crash.first_shows_after} case(s) before this one, where this mistake "
+               "does not show either; this is the first case where it does, and no other listed mistake fits so")
+    else:
+        why = "it raises the same error on these inputs"
+    return f"  trap: {crash.trap.name} ({why})\n    {crash.trap.hint}\n"
+
+
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     status = getattr(report, "kata_status", None)
     if status == "todo":
@@ -181,8 +192,7 @@ def failure_text(item, excinfo) -> str:
         exc = crash.exc
         body = (f"{crash.context}\n  your function raised {exc.type_name}: {exc.message}\n"
                 + _learner_frames(exc.frames, item.parent.source, session)
-                + (f"  trap: {crash.trap.name} (it raises the same error on these inputs)\n    {crash.trap.hint}\n"
-                   if crash.trap is not None else ""))
+                + _crash_trap_lines(crash))
     elif excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(excinfo.value):
         body = (f"{item.last_context or item.kata.name}\n  timed out after {session.timeout:g} s "
                 "(pytest-timeout): look for a loop that never ends, or far more work than the kata needs")
