@@ -14,6 +14,7 @@ RNG. Only the "fresh ControlNet" checks use them as built.
 """
 import copy
 import functools
+import weakref
 
 import torch
 from diffusers.models.controlnets.controlnet import ControlNetModel
@@ -624,8 +625,17 @@ def _shadow_step(unet, controlnet, scheduler, before, t, prompt_embeds, negative
 
 
 def double(module):
-    """A float64 copy of a module: run on float64 inputs, diffusers' own forward is the shadow."""
-    return copy.deepcopy(module).double()
+    """A float64 copy of a module: run on float64 inputs, diffusers' own forward is the shadow. One copy per module
+    and state of its weights (a check's models are built once and shared by its cases and steps: the step check
+    copied the UNet and the ControlNet at every step)."""
+    state = tuple(t._version for t in (*module.parameters(), *module.buffers()))
+    kept = _DOUBLES.get(module)
+    if kept is None or kept[0] != state:
+        kept = _DOUBLES[module] = (state, copy.deepcopy(module).double())
+    return kept[1]
+
+
+_DOUBLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> (its weights' versions, float64 copy)
 
 
 def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negative_prompt_embeds, control_image,
