@@ -246,7 +246,7 @@ def _(model_output, sample, alpha_prod_t):
 # ---- the updates: the reference math with one mistake switched on (for the traps) -----------------------
 def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, squared=False, flipped_h=False,
                  swapped=False, no_d1=False, r0_not_inverted=False, no_half=False, heun=False, eps_form=False,
-                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False):
+                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False, no_upcast=False):
     """First order (x0s = [m0], alpha_prods = [ᾱ_s0]) or 2M midpoint (oldest first), float32 like step()."""
     m0 = x0s[-1]
     m1 = x0s[-2] if second else None
@@ -256,7 +256,7 @@ def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, square
     alpha_s0, sigma_s0 = _ab(alpha_prods[-1])
     lam_t, lam_s0 = _lam(alpha_prod_t, squared=squared), _lam(alpha_prods[-1], squared=squared)
     h = lam_s0 - lam_t if flipped_h else lam_t - lam_s0
-    x = sample.to(torch.float32)
+    x = sample if no_upcast else sample.to(torch.float32)  # no_upcast: a float16 sample keeps the arithmetic float16
     if eps_form:  # DPM-Solver's noise-prediction update, fed x̂0
         out = (alpha_t / alpha_s0) * x - (sigma_t * (torch.exp(h) - 1.0)) * m0
         return out.to(sample.dtype)
@@ -375,6 +375,16 @@ def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
                               "x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0.")
 def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
     return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, eps_form=True)
+
+
+@first_order_update.trap("the coefficients computed in float16 (ᾱ cast to the sample's dtype before λ and h)",
+                         hint="λ = log α − log σ, and h = λ_t − λ_s subtracts two close numbers: in float16 each keeps "
+                              "about 3 digits, and e^{−h} − 1 loses the rest. Compute α, σ, λ and h from the float32 "
+                              "ᾱ (as diffusers does), upcast the sample, and cast only the result back.")
+def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
+    half = sample.dtype
+    return wrong_update([x0_pred], sample, [alpha_prod_s.to(half)], alpha_prod_t.to(half), second=False,
+                        no_upcast=True)
 
 
 # ---- second_order_update ---------------------------------------------------------------------------------

@@ -88,6 +88,15 @@ MUTANTS = [
      "α_t/α_s on the sample instead of σ_t/σ_s"),
     ("first_order_update",  # the σ ratio upside down
      FIRST_HEAD + FIRST_TAIL.replace("(sigma_t / sigma_s)", "(sigma_s / sigma_t)"), Fails("wrong", "")),
+    ("first_order_update",  # a blind learner's: λ, the coefficients and the update all in the sample's float16
+     """
+     dt = sample.dtype
+     a_s, a_t = alpha_prod_s.to(dt), alpha_prod_t.to(dt)
+     sigma_s, sigma_t = (1 - a_s).sqrt(), (1 - a_t).sqrt()
+     alpha_t = a_t.sqrt()
+     h = (torch.log(alpha_t) - torch.log(sigma_t)) - (torch.log(a_s.sqrt()) - torch.log(sigma_s))
+     return (sigma_t / sigma_s) * sample - alpha_t * (torch.exp(-h) - 1.0) * x0_pred.to(dt)
+     """, "the coefficients computed in float16"),
     ("first_order_update",  # float16 in, float32 out: the cast back forgotten
      FIRST_HEAD + "return (sigma_t / sigma_s) * x - (alpha_t * (torch.exp(-h) - 1.0)) * x0_pred\n",
      Fails("wrong", "has dtype torch.float32; expected torch.float16")),
