@@ -659,7 +659,7 @@ def _(case, g):
 
 def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, blocks_only=False,
           no_block_modules=False, residents_together=False, lists_only=False, both_on_top=False,
-          params_only=False, drop_short=False, no_prefix=False):
+          params_only=False, drop_short=False, no_prefix=False, every_child=False):
     """The solution's plan with one mistake switched on (the traps below)."""
     size = (lambda m: _bytes(_tensors(m, buffers=False))) if params_only else _nbytes  # noqa: E731
     block_modules = set() if no_block_modules else set(getattr(model, "_group_offload_block_modules", None) or ())
@@ -669,7 +669,7 @@ def _plan(model, num_blocks_per_group, *, across=False, no_resident=False, block
     def plan(module, prefix):
         on_top, grouped, lists, inner = [], 0, [], []
         for name, child in module.named_children():
-            if name in block_modules:
+            if name in block_modules or (every_child and not isinstance(child, kinds) and any(child.children())):
                 inner.append(plan(child, "" if no_prefix else f"{prefix}{name}."))
                 grouped += size(child)
             elif isinstance(child, kinds):
@@ -732,6 +732,14 @@ def _(model, num_blocks_per_group):
                               "of their own.")
 def _(model, num_blocks_per_group):
     return _lists_at_any_depth(model, num_blocks_per_group, outermost=False)
+
+
+@group_offload_plan.trap("every child that holds modules planned like a block module (lists searched at every depth)",
+                         hint="Only the modules the model names in _group_offload_block_modules are planned on their "
+                              "own, one at a time; any other child that is not a list (a mid block, CLIP's encoder) "
+                              "is part of the resident part, and the lists inside it move with it.")
+def _(model, num_blocks_per_group):
+    return _plan(model, num_blocks_per_group, every_child=True)
 
 
 @group_offload_plan.trap("peak of the largest group alone (the resident part left out)",

@@ -180,6 +180,11 @@ MUTANTS = [
                          "                        continue"),
      "a list's last, shorter group dropped"),
     ("group_offload_plan", plan_body(inner="plan(child, '')"), "a block module's groups named without its prefix"),
+    ("group_offload_plan",  # a blind learner's: every child holding modules planned on its own, like a block module
+     plan_body().replace("if name in block_modules:",
+                         "if name in block_modules or (not isinstance(child, (torch.nn.ModuleList, "
+                         "torch.nn.Sequential)) and any(True for _ in child.children())):"),
+     "every child that holds modules planned like a block module"),
     ("group_offload_plan", """
      groups, sizes = [], []
      for name, child in model.named_modules():
