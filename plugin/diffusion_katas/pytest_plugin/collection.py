@@ -829,16 +829,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         item.next_item = nextitem
 
 
-def close_opened_ahead(kata_session) -> None:
-    """Close the runners opened for checks that never ran (the run stopped first: -x, Ctrl-C)."""
-    for item in kata_session.opened_ahead:
-        runner = getattr(item, "runner", None)
-        if runner is not None:
-            runner.close()
-            item.runner = None
-    kata_session.opened_ahead.clear()
-
-
 class BudgetItem(KataItem):
     """A cost budget of one kata function: judged only once the function passes all its checks."""
 

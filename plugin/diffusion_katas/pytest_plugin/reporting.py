@@ -379,10 +379,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if kata_session is None:
         return
     kata_session.interrupted = kata_session.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED
-    if kata_session.opened_ahead:
-        from diffusion_katas.pytest_plugin.collection import close_opened_ahead
-
-        close_opened_ahead(kata_session)
+    kata_session.close_runners_opened_ahead()
     run = kata_session.run()
     if kata_session.json_path is not None or kata_session.gradescope_path is not None:
         from diffusion_katas.core.results import versions, write_json

@@ -46,6 +46,15 @@ class KataSession:
     reuse_builds: bool = False
     _recorded_failures: set | None = field(default=None, repr=False)
 
+    def close_runners_opened_ahead(self) -> None:
+        """Close the runners opened for checks that never ran (the run stopped first: -x, Ctrl-C)."""
+        for item in self.opened_ahead:
+            runner = getattr(item, "runner", None)
+            if runner is not None:
+                runner.close()
+                item.runner = None
+        self.opened_ahead.clear()
+
     @property
     def root(self) -> Path:
         return self.course.root
