@@ -85,7 +85,8 @@ pack_batch = Kata(
 
 PACK_CASES = [
     dict(scheduler="ddim", specs=((7.5, 5), (1.0, 4), (3.0, 6)), latent_shape=(4, 8, 8)),
-    dict(scheduler="euler", specs=((1.0, 3), (4.0, 5)), latent_shape=(4, 8, 12)),
+    # a scale below 1 (no CFG, as at 1): tells "CFG at s ≥ 1" from "CFG always"
+    dict(scheduler="euler", specs=((0.5, 3), (4.0, 5)), latent_shape=(4, 8, 12)),
     dict(scheduler="ddim", specs=((2.0, 3), (5.0, 4), (1.0, 2), (1.5, 5)), latent_shape=(4, 12, 8)),
 ]
 
@@ -121,10 +122,10 @@ def _(case, g):
     return Scenario(inputs=dict(entries=entries), expected=expected, label=f"{case['scheduler']}: {label}")
 
 
-def _pack(entries, *, order="np", one_t=False, double_all=False):
+def _pack(entries, *, order="np", one_t=False, double_all=False, cfg_at_one=False):
     samples, ts, texts, layout, start = [], [], [], [], 0
     for e in entries:
-        cfg = e["guidance_scale"] > 1 or double_all
+        cfg = e["guidance_scale"] > 1 or double_all or (cfg_at_one and e["guidance_scale"] >= 1)
         rows = 2 if cfg else 1
         pair = [e["negative_prompt_embeds"], e["prompt_embeds"]]
         texts += (pair if order == "np" else pair[::-1]) if cfg else [e["prompt_embeds"]]
@@ -147,6 +148,20 @@ def _(entries):
                       "request's timestep, and the UNet takes a (R,) tensor of them.")
 def _(entries):
     return _pack(entries, one_t=True)
+
+
+@pack_batch.trap("CFG at guidance_scale = 1 too (the pipeline guides only above 1)",
+                 hint="StableDiffusionPipeline's do_classifier_free_guidance is guidance_scale > 1: at s = 1 the "
+                      "guided noise equals the text prediction, so the request takes one row (uses_cfg).")
+def _(entries):
+    return _pack(entries, cfg_at_one=True)
+
+
+@pack_batch.trap("two rows for every request (CFG assumed)",
+                 hint="Only a request that guides (uses_cfg(guidance_scale): s > 1) takes two rows, [negative, "
+                      "positive]; any other takes one, its prompt's.")
+def _(entries):
+    return _pack(entries, double_all=True)
 
 
 # ---- split_guided ------------------------------------------------------------------------------------

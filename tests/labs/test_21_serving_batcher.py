@@ -98,8 +98,8 @@ MUTANTS = [
     ("pack_batch", pack_body(text="[e['prompt_embeds'], e['negative_prompt_embeds']]"),
      "the CFG text rows as [positive, negative]"),
     ("pack_batch", pack_body(t="entries[0]['timestep']"), "one timestep for the whole batch"),
-    ("pack_batch",  # CFG rows for every request, guidance ≤ 1 too
-     pack_body(rows="2"), Fails("wrong", "")),
+    ("pack_batch", pack_body(rows="2"), "two rows for every request (CFG assumed)"),
+    ("pack_batch", pack_body(rows="2 if e['guidance_scale'] >= 1 else 1"), "CFG at guidance_scale = 1 too"),
     ("pack_batch",  # the layout as (start, number of rows)
      pack_body(span="(start, n)"), Fails("wrong", "")),
     ("split_guided", split_body(combine="c + s * (u - c)"), "uncond and text rows swapped"),
