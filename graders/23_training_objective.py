@@ -274,6 +274,24 @@ def _(snr, snr_gamma, prediction_type):
     return _weights(snr, snr_gamma, prediction_type, lambda s, gamma: gamma, _divided)
 
 
+@min_snr_weights.trap("'sample' divided by SNR like ε (only 'v_prediction' given its own correction)",
+                      hint="min(SNR, γ) is already the weight on an x₀ error: 'sample' (the model predicts x₀) takes it "
+                           "as it is; only ε (÷ SNR) and v (÷ (SNR + 1)) are corrected.")
+def _(snr, snr_gamma, prediction_type):
+    return _weights(snr, snr_gamma, prediction_type, torch.minimum,
+                    lambda w, s, k: w / (s + 1) if k == "v_prediction" else w / s)
+
+
+@min_snr_weights.trap("v's weight as ε's times SNR/(SNR + 1): 0/0 at SNR = 0",
+                      hint="min(SNR, γ)/SNR · SNR/(SNR + 1) is min(SNR, γ)/(SNR + 1) only where SNR > 0: at zero "
+                           "terminal SNR it is 0/0 = NaN. Divide min(SNR, γ) by SNR + 1 directly.")
+def _(snr, snr_gamma, prediction_type):
+    w = torch.minimum(snr, torch.full_like(snr, snr_gamma))
+    if prediction_type == "v_prediction":
+        return w / snr * (snr / (snr + 1))
+    return _divided(w, snr, prediction_type)
+
+
 # ---- ddpm_training_loss ----------------------------------------------------------------------------------
 ddpm_training_loss = Kata(
     "ddpm_training_loss",
@@ -487,12 +505,13 @@ def _(case, g):
 
 
 def _density(weighting_scheme, batch_size, generator, logit_mean, logit_std, mode_scale, *, sigmoid=True,
-             standard=False, squared=True, half_angle=True, uniform_always=False):
+             standard=False, squared=True, half_angle=True, uniform_always=False, std_squared=False,
+             global_uniform=False):
     if weighting_scheme == "logit_normal" and not uniform_always:
-        mean, std = (0.0, 1.0) if standard else (logit_mean, logit_std)
+        mean, std = (0.0, 1.0) if standard else (logit_mean, logit_std ** 2 if std_squared else logit_std)
         n = torch.normal(mean=mean, std=std, size=(batch_size,), generator=generator)
         return torch.sigmoid(n) if sigmoid else n
-    u = torch.rand((batch_size,), generator=generator)
+    u = torch.rand((batch_size,)) if global_uniform else torch.rand((batch_size,), generator=generator)
     if weighting_scheme == "mode" and not uniform_always:
         c = torch.cos(math.pi * u / (2 if half_angle else 1))
         return 1 - u - mode_scale * ((c ** 2 if squared else c) - 1 + u)
@@ -515,6 +534,12 @@ _density_trap("mode with cos(π·u/2), not its square",
               "The mode density bends u by s·(cos²(π·u/2) − 1 + u): the cosine is squared.", squared=False)
 _density_trap("mode with cos²(π·u) (the half angle lost)",
               "The angle is π·u/2 (a quarter turn over u ∈ [0, 1]): cos²(π·u/2).", half_angle=False)
+_density_trap("logit_std read as the variance (std = logit_std²)",
+              "logit_std is the normal's standard deviation: torch.normal(mean=logit_mean, std=logit_std, ...).",
+              std_squared=True)
+_density_trap("the uniform draws from the global RNG (generator= not passed to torch.rand)",
+              "Every draw comes from the generator the script hands over: torch.rand((B,), generator=generator); "
+              "the global RNG is another stream, and the generator is left undrawn.", global_uniform=True)
 _density_trap("uniform u whatever the scheme",
               "The scheme picks the density: a logit-normal draw for 'logit_normal', the bent uniform for 'mode', a "
               "plain uniform for every other scheme.", uniform_always=True)
@@ -566,12 +591,14 @@ def _(case, g):
                     label=f"{case['weighting_scheme']}, σ {[float(f'{v:.4g}') for v in sigmas.flatten().tolist()]}")
 
 
-def _weighting(weighting_scheme, sigmas, *, sigma_sqrt=lambda s: s ** -2.0, cosmap_pi=math.pi, always=False):
+def _weighting(weighting_scheme, sigmas, *, sigma_sqrt=lambda s: s ** -2.0, cosmap_pi=math.pi, always=False,
+               square_of_one_minus=False):
     s = sigmas.float()
     if weighting_scheme == "sigma_sqrt" or (always and weighting_scheme != "cosmap"):
         return sigma_sqrt(s)
     if weighting_scheme == "cosmap":
-        return (2 / (cosmap_pi * (1 - 2 * s + 2 * s ** 2))).to(sigmas.dtype)
+        bottom = (1 - s) ** 2 if square_of_one_minus else 1 - 2 * s + 2 * s ** 2
+        return (2 / (cosmap_pi * bottom)).to(sigmas.dtype)
     return torch.ones_like(sigmas)
 
 
@@ -598,6 +625,13 @@ def _(weighting_scheme, sigmas):
                          hint="cosmap is 2 / (π·(1 − 2σ + 2σ²)): the π normalises it (its integral over σ is 1).")
 def _(weighting_scheme, sigmas):
     return _weighting(weighting_scheme, sigmas, cosmap_pi=1.0)
+
+
+@sd3_loss_weighting.trap("cosmap's denominator read as (1 − σ)² = 1 − 2σ + σ²",
+                         hint="The bottom is 1 − 2σ + 2σ² = σ² + (1 − σ)², which never reaches 0; (1 − σ)² does at "
+                              "σ = 1, and the weight blows up at the noisy end.")
+def _(weighting_scheme, sigmas):
+    return _weighting(weighting_scheme, sigmas, square_of_one_minus=True)
 
 
 @sd3_loss_weighting.trap("σ⁻² for every scheme but cosmap (the density's schemes weighted too)",

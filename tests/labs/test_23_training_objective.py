@@ -137,6 +137,8 @@ MUTANTS = [
     ("min_snr_weights", weights_body(clip="torch.maximum(snr, torch.full_like(snr, snr_gamma))"),
      "max(SNR, γ) instead of min"),
     ("min_snr_weights", weights_body(clip="torch.full_like(snr, snr_gamma)"), "γ in place of min(SNR, γ)"),
+    ("min_snr_weights", weights_body(sample="w / snr"), "'sample' divided by SNR like ε"),
+    ("min_snr_weights", weights_body(v="w / snr * (snr / (snr + 1))"), "v's weight as ε's times SNR/(SNR + 1)"),
     ("min_snr_weights",  # the clip at γ applied after the division (min(1, γ/SNR) on ε): right only where SNR ≥ γ
      weights_body(eps="torch.clamp(snr_gamma / snr, max=1.0)", v="torch.clamp(snr_gamma / (snr + 1), max=1.0)"),
      Fails("wrong", "values differ")),
@@ -154,6 +156,12 @@ MUTANTS = [
     ("ddpm_training_loss",  # the loss per sample, not reduced to one number
      ddpm_body(plain="err.mean(dim=(1, 2, 3))", reduce="err.mean(dim=(1, 2, 3)) * w"), Fails("wrong", "shape")),
     ("timestep_density", density_body(squash="n"), "logit-normal without the sigmoid"),
+    ("timestep_density",
+     density_body(normal="torch.normal(mean=logit_mean, std=logit_std ** 2, size=(batch_size,), generator=generator)"),
+     "logit_std read as the variance"),
+    ("timestep_density", density_body().replace("torch.rand((batch_size,), generator=generator)",
+                                                "torch.rand((batch_size,))"),
+     "the uniform draws from the global RNG"),
     ("timestep_density", density_body(normal="torch.randn((batch_size,), generator=generator)"),
      "logit_mean and logit_std ignored"),
     ("timestep_density", density_body(mode="1 - u - mode_scale * (torch.cos(math.pi * u / 2) - 1 + u)"),
@@ -172,6 +180,8 @@ MUTANTS = [
     ("sd3_loss_weighting", weighting_body(cosmap="(2 / (1 - 2 * s + 2 * s ** 2)).to(sigmas.dtype)"),
      "cosmap without the π"),
     ("sd3_loss_weighting", weighting_body(other="s ** -2.0"), "σ⁻² for every scheme but cosmap"),
+    ("sd3_loss_weighting", weighting_body(cosmap="(2 / (math.pi * (1 - 2 * s + s ** 2))).to(sigmas.dtype)"),
+     "cosmap's denominator read as (1 − σ)²"),
     ("sd3_loss_weighting",  # σ⁻² left in σ's dtype (diffusers returns it as float32)
      weighting_body(sqrt="sigmas ** -2.0"), Fails("wrong", "has dtype")),
     ("flow_matching_loss", flow_body(lookup="u * T, u"), "the ladder not looked up"),
