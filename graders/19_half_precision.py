@@ -294,6 +294,13 @@ def _(vae, latents):
     return reference_decode(vae, latents * vae.config.scaling_factor)
 
 
+@decode_latents.trap("latents multiplied by scaling_factor (the encoder's direction)",
+                     hint="Encoding multiplies by vae.config.scaling_factor; decoding undoes it: divide the latents "
+                          "by it before the decoder.")
+def _(vae, latents):
+    return reference_decode(vae, latents * vae.config.scaling_factor ** 2)
+
+
 # ---- quantize_q8_0 ----------------------------------------------------------------------------------
 Q8_0_KEYS = ("gguf.quants.quantize", "gguf.quants.dequantize", "gguf.quants.Q8_0.quantize_blocks",
              "gguf.quants.Q8_0.dequantize_blocks", "diffusers.quantizers.gguf.utils.dequantize_blocks_Q8_0",

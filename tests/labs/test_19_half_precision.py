@@ -94,6 +94,8 @@ MUTANTS = [
     ("decode_latents", decode_body(out="image.half() if up else image"),
      "image cast back to float16"),
     ("decode_latents", decode_body(scaled="latents"), "latents not divided by scaling_factor"),
+    ("decode_latents", decode_body(scaled="latents * vae.config.scaling_factor"),
+     "latents multiplied by scaling_factor"),
     ("decode_latents",  # the latents upcast, the VAE left in float16: a dtype mismatch in the first conv
      decode_body(vae_to="pass"), Fails("crash", "")),
     ("decode_latents",  # the VAE upcast, the latents left in float16: the same mismatch the other way
