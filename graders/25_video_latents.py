@@ -132,6 +132,13 @@ def _(num_frames, temporal=4):
     return max(round((num_frames - 1) / temporal) * temporal + 1, 1)
 
 
+@video_num_frames.trap("rounded down to the t·k + 1 at or below F ((F − 1) // t · t + 1)",
+                       hint="The pipeline takes F // t · t + 1, the t·k + 1 just above the multiple of t at or below "
+                            "F: 12 → 13 (not 9), 10 → 9.")
+def _(num_frames, temporal=4):
+    return max((num_frames - 1) // temporal * temporal + 1, 1)
+
+
 @video_num_frames.trap("rounded to a multiple of t (the + 1 forgotten)",
                        hint="The first frame is encoded alone: counts are t·k + 1 (9, 13, 17 …), not t·k.")
 def _(num_frames, temporal=4):
@@ -192,6 +199,13 @@ def _(batch_size, num_frames, height, width, latent_channels, temporal=4, spatia
     return (batch_size, latent_channels, num_frames // temporal + 1, height // spatial, width // spatial)
 
 
+@latent_shape.trap("the temporal and spatial factors swapped",
+                   hint="Frames shrink by the temporal factor t ((F − 1) // t + 1), height and width by the spatial "
+                        "factor s (H // s, W // s).")
+def _(batch_size, num_frames, height, width, latent_channels, temporal=4, spatial=8):
+    return (batch_size, latent_channels, (num_frames - 1) // spatial + 1, height // temporal, width // temporal)
+
+
 # ---- encoder_chunks -------------------------------------------------------------------------------------
 encoder_chunks = Kata(
     "encoder_chunks",
@@ -205,7 +219,8 @@ encoder_chunks = Kata(
 )
 
 # the temporal factor 2 VAE too: Wan's encoder reads four frames a chunk whatever its factor
-CHUNK_CASES = [dict(num_frames=n) for n in (9, 10, 1, 13, 7, 17)] + [dict(num_frames=11, temporal=2)]
+# 8: a multiple of four (F // 4 + 1 chunks would run past the clip's end)
+CHUNK_CASES = [dict(num_frames=n) for n in (9, 10, 1, 13, 7, 17, 8)] + [dict(num_frames=11, temporal=2)]
 
 
 @encoder_chunks.check("vs the frames AutoencoderKLWan.encode gives its encoder", cases=CHUNK_CASES, tol=EXACT)
@@ -244,6 +259,13 @@ def _(num_frames):
                           "dropped (and the pipeline never asks for it: it keeps counts of the form 4k + 1).")
 def _(num_frames):
     return [(0, 1)] + [(s, min(s + 4, num_frames)) for s in range(1, num_frames, 4)]
+
+
+@encoder_chunks.trap("F // 4 + 1 chunks (one past the clip's end where F is a multiple of four)",
+                     hint="After frame 0 come (F − 1) // 4 whole groups: 8 frames give (0, 1), (1, 5); frames 5 to 7 "
+                          "are a partial group, not encoded, and there is no (5, 9).")
+def _(num_frames):
+    return [(0, 1)] + [(1 + 4 * k, 5 + 4 * k) for k in range(num_frames // 4)]
 
 
 # ---- rotary_3d ------------------------------------------------------------------------------------------

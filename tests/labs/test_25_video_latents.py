@@ -77,6 +77,12 @@ MUTANTS = [
     ("video_num_frames", "return num_frames if num_frames % temporal == 1 else "
                          "-(-(num_frames - 1) // temporal) * temporal + 1", "rounded up to the next t·k + 1"),
     ("video_num_frames", "return max(num_frames // temporal * temporal, 1)", "rounded to a multiple of t"),
+    ("video_num_frames", "return max((num_frames - 1) // temporal * temporal + 1, 1)",
+     "rounded down to the t·k + 1 at or below F"),
+    ("latent_shape", "return (batch_size, latent_channels, (num_frames - 1) // spatial + 1, height // temporal, "
+                     "width // temporal)", "the temporal and spatial factors swapped"),
+    ("encoder_chunks", "return [(0, 1)] + [(1 + 4 * k, 5 + 4 * k) for k in range(num_frames // 4)]",
+     "F // 4 + 1 chunks"),
     ("video_num_frames",  # the nearest 4k + 1, ties to even k (the pipeline's warning says "nearest"; 7 → 5, 15 → 13)
      "return max(round((num_frames - 1) / temporal) * temporal + 1, 1)", 'rounded to the nearest t·k + 1'),
     ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal, height // spatial, width // spatial)",
