@@ -133,6 +133,17 @@ def _target(kind, x0, noise, alphas_cumprod, timesteps, v):
     return v(a, noise.float(), x0.float()).to(x0.dtype)
 
 
+@training_target.trap("ᾱ broadcast over the channels (view(1, -1, 1, 1)), not over the batch",
+                      hint="One ᾱ_t per sample: shape it (B, 1, 1, 1) so it multiplies sample b's whole latent. Shaped "
+                           "(1, B, 1, 1) it multiplies channel b of every sample (it runs only where B = C).")
+def _(prediction_type, x0, noise, alphas_cumprod, timesteps):
+    if prediction_type != "v_prediction" or x0.shape[0] != x0.shape[1]:
+        return _target(prediction_type, x0, noise, alphas_cumprod, timesteps,
+                       lambda a, e, x: a.sqrt() * e - (1 - a).sqrt() * x)
+    a = alphas_cumprod.float()[timesteps].view(1, -1, 1, 1)
+    return (a.sqrt() * noise.float() - (1 - a).sqrt() * x0.float()).to(x0.dtype)
+
+
 @training_target.trap("ε returned whatever the prediction type (the target of another prediction type)",
                       hint="The target is what the model is asked to predict: ε only for 'epsilon'; v = √ᾱ·ε − "
                            "√(1 − ᾱ)·x₀ for 'v_prediction', x₀ for 'sample', ε − x₀ for 'flow'.")

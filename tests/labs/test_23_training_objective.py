@@ -115,6 +115,17 @@ def flow_body(draws="noise_first", lookup="scheduler.timesteps[index], scheduler
 
 
 MUTANTS = [
+    ("training_target",  # ᾱ shaped (1, B, 1, 1): over the channels (runs where B = C)
+     """
+     if prediction_type == "epsilon":
+         return noise
+     if prediction_type == "sample":
+         return x0
+     if prediction_type == "flow":
+         return noise - x0
+     a = alphas_cumprod.float()[timesteps].view(1, -1, 1, 1)
+     return (a.sqrt() * noise.float() - (1 - a).sqrt() * x0.float()).to(x0.dtype)
+     """, "ᾱ broadcast over the channels"),
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("training_target", target_body(v="noise", flow="noise", sample="noise"), "ε returned whatever the prediction type"),
     ("training_target", target_body(v="(1 - a).sqrt() * x0.float() - a.sqrt() * noise.float()"),
