@@ -125,6 +125,24 @@ def _(num_train_timesteps, max_beta=0.999):
     return torch.tensor([min(1 - _f((i + 1) / T), max_beta) for i in range(T)], dtype=torch.float32)
 
 
+@cosine_betas.trap("f(t) = cos(…) without the square",
+                   hint="Nichol & Dhariwal's ᾱ is cos²: f(t) = cos(((t + 0.008)/1.008)·π/2)². Without the square "
+                        "every β is about half what it should be.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    return torch.tensor([min(1 - _f((i + 1) / T) ** 0.5 / _f(i / T) ** 0.5, max_beta) for i in range(T)],
+                        dtype=torch.float32)
+
+
+@cosine_betas.trap("shifted one step late (β_i from f(i/T)/f((i − 1)/T), β_0 = 0)",
+                   hint="β_i = 1 − f((i + 1)/T)/f(i/T) for i = 0 … T − 1: step i goes from time i/T to (i + 1)/T, so "
+                        "the first β is already the step out of t = 0.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    return torch.tensor([0.0] + [min(1 - _f(i / T) / _f((i - 1) / T), max_beta) for i in range(1, T)],
+                        dtype=torch.float32)
+
+
 # ---- alphas_cumprod ---------------------------------------------------------------------------------
 alphas_cumprod = Kata(
     "alphas_cumprod",
@@ -151,6 +169,13 @@ def _(case, g):
                      hint="ᾱ multiplies the kept fractions α = 1 − β, not the added noise β.")
 def _(betas):
     return torch.cumprod(betas, dim=0)
+
+
+@alphas_cumprod.trap("the product over s < t (ᾱ_0 = 1: each ᾱ one step late)",
+                     hint="ᾱ_t = ∏_{s≤t}(1 − β_s) includes step t itself: ᾱ_0 = 1 − β_0, and torch.cumprod(1 − β) "
+                          "is already it (no shift, no leading 1).")
+def _(betas):
+    return torch.cat([torch.ones(1, dtype=betas.dtype), torch.cumprod(1.0 - betas, dim=0)[:-1]])
 
 
 @alphas_cumprod.trap("1 − cumprod(β)", hint="Take 1 − β first, then the running product.")
@@ -256,6 +281,22 @@ def _(x0, noise, alphas_cumprod, timesteps):
     return a**0.5 * x0 + (1 - a) ** 0.5 * noise
 
 
+@add_noise.trap("ᾱ read at t − 1 (the paper's steps counted from 1)",
+                hint="diffusers' timesteps index alphas_cumprod from 0: ᾱ_t is alphas_cumprod[t] (t = 0 is the "
+                     "first noising step), not [t − 1] (which at t = 0 wraps to the noisiest entry).")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps - 1, x0)
+    return a**0.5 * x0 + (1 - a) ** 0.5 * noise
+
+
+@add_noise.trap("ᾱ_t shaped (B, 1, 1, 1) whatever x0's number of dimensions",
+                hint="x0 may have any number of trailing dims: reshape ᾱ_t to (B,) + (1,) * (x0.dim() − 1), so a "
+                     "(B, L) sample gets (B, 1) and a video latent (B, C, F, H, W) gets (B, 1, 1, 1, 1).")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = alphas_cumprod.to(x0.dtype)[timesteps].view(-1, 1, 1, 1)
+    return a**0.5 * x0 + (1 - a) ** 0.5 * noise
+
+
 velocity = Kata(
     "velocity",
     hints=(
@@ -339,6 +380,27 @@ def _(betas):
     a0, aT = a[0].clone(), a[-1].clone()
     a = (a - aT) * (a0 / (a0 - aT))
     return 1 - torch.cat([a[:1], a[1:] / a[:-1]])
+
+
+@rescale_zero_terminal_snr.trap("β' = 1 − ᾱ' (the cumulative product never undone)",
+                                hint="The rescaled curve is ᾱ', a running product: β'_t = 1 − ᾱ'_t/ᾱ'_{t−1} (β'_0 = "
+                                     "1 − ᾱ'_0), not 1 − ᾱ'_t.")
+def _(betas):
+    s = torch.cumprod(1 - betas, 0).sqrt()
+    s0, sT = s[0].clone(), s[-1].clone()
+    s = (s - sT) * (s0 / (s0 - sT))
+    return 1 - s**2
+
+
+@rescale_zero_terminal_snr.trap("α'_0 taken as 1 (β'_0 = 0) when undoing the product",
+                                hint="The first α' is ᾱ'_0 itself (ᾱ_0 = α_0): α' = [ᾱ'_0, ᾱ'_1/ᾱ'_0, …], so β'_0 stays "
+                                     "the original β_0.")
+def _(betas):
+    s = torch.cumprod(1 - betas, 0).sqrt()
+    s0, sT = s[0].clone(), s[-1].clone()
+    s = (s - sT) * (s0 / (s0 - sT))
+    a = s**2
+    return 1 - torch.cat([torch.ones(1, dtype=a.dtype), a[1:] / a[:-1]])
 
 
 @rescale_zero_terminal_snr.trap("only the last β set to 1",

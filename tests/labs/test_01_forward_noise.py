@@ -5,6 +5,49 @@ LAB = "01_forward_noise"
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    ("cosine_betas",  # f = cos, not cos²
+     """
+     f = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2)
+     T = num_train_timesteps
+     return torch.tensor([min(1 - f((i + 1) / T) / f(i / T), max_beta) for i in range(T)], dtype=torch.float32)
+     """, "f(t) = cos(…) without the square"),
+    ("cosine_betas",  # a blind learner's: the schedule one step late, β_0 = 0
+     """
+     f = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+     T = num_train_timesteps
+     return torch.tensor([0.0] + [min(1 - f(i / T) / f((i - 1) / T), max_beta) for i in range(1, T)],
+                         dtype=torch.float32)
+     """, "shifted one step late"),
+    ("alphas_cumprod",  # a blind learner's: the exclusive product
+     """
+     acp = torch.cumprod(1.0 - betas, dim=0)
+     return torch.cat([torch.ones(1, dtype=acp.dtype), acp[:-1]])
+     """, "the product over s < t"),
+    ("add_noise",  # a blind learner's: the paper's 1-based t
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps - 1].reshape((-1,) + (1,) * (x0.ndim - 1))
+     return a ** 0.5 * x0 + (1 - a) ** 0.5 * noise
+     """, "ᾱ read at t − 1"),
+    ("add_noise",  # a blind learner's: 4-D hard-coded
+     """
+     a = alphas_cumprod.to(x0.dtype)[timesteps]
+     return (a ** 0.5).view(-1, 1, 1, 1) * x0 + ((1 - a) ** 0.5).view(-1, 1, 1, 1) * noise
+     """, "ᾱ_t shaped (B, 1, 1, 1) whatever x0's number of dimensions"),
+    ("rescale_zero_terminal_snr",  # a blind learner's: the cumulative product never undone
+     """
+     s = torch.cumprod(1.0 - betas, dim=0).sqrt()
+     s0, sT = s[0].clone(), s[-1].clone()
+     s = (s - sT) * (s0 / (s0 - sT))
+     return 1 - s ** 2
+     """, "β' = 1 − ᾱ'"),
+    ("rescale_zero_terminal_snr",  # a blind learner's: α'_0 = 1
+     """
+     s = torch.cumprod(1.0 - betas, dim=0).sqrt()
+     s0, sT = s[0].clone(), s[-1].clone()
+     s = (s - sT) * (s0 / (s0 - sT))
+     a = s ** 2
+     return 1 - torch.cat([torch.ones(1, dtype=a.dtype), a[1:] / a[:-1]])
+     """, "α'_0 taken as 1"),
     ("scaled_linear_betas",
      "return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)",
      "a linspace over β itself"),
