@@ -386,21 +386,22 @@ def _(betas):
                                 hint="The rescaled curve is ᾱ', a running product: β'_t = 1 − ᾱ'_t/ᾱ'_{t−1} (β'_0 = "
                                      "1 − ᾱ'_0), not 1 − ᾱ'_t.")
 def _(betas):
-    s = torch.cumprod(1 - betas, 0).sqrt()
-    s0, sT = s[0].clone(), s[-1].clone()
-    s = (s - sT) * (s0 / (s0 - sT))
-    return 1 - s**2
+    return 1 - _rescaled_sqrt_abar(betas) ** 2
 
 
 @rescale_zero_terminal_snr.trap("α'_0 taken as 1 (β'_0 = 0) when undoing the product",
                                 hint="The first α' is ᾱ'_0 itself (ᾱ_0 = α_0): α' = [ᾱ'_0, ᾱ'_1/ᾱ'_0, …], so β'_0 stays "
                                      "the original β_0.")
 def _(betas):
+    a = _rescaled_sqrt_abar(betas) ** 2
+    return 1 - torch.cat([torch.ones(1, dtype=a.dtype), a[1:] / a[:-1]])
+
+
+def _rescaled_sqrt_abar(betas):
+    """Algorithm 1's first half, right: √ᾱ shifted to end at 0 and scaled to start where it did."""
     s = torch.cumprod(1 - betas, 0).sqrt()
     s0, sT = s[0].clone(), s[-1].clone()
-    s = (s - sT) * (s0 / (s0 - sT))
-    a = s**2
-    return 1 - torch.cat([torch.ones(1, dtype=a.dtype), a[1:] / a[:-1]])
+    return (s - sT) * (s0 / (s0 - sT))
 
 
 @rescale_zero_terminal_snr.trap("only the last β set to 1",
