@@ -228,6 +228,28 @@ def _(model_output, sample, alpha_prod_t, prediction_type):
     return a**0.5 * model_output + (1 - a) ** 0.5 * sample
 
 
+@predict_x0.trap("epsilon: divided by ᾱ_t instead of √ᾱ_t",
+                 hint="x_t − √(1−ᾱ_t)·ε̂ is √ᾱ_t·x_0: divide by √ᾱ_t (dividing by ᾱ_t overshoots by 1/√ᾱ_t).")
+def _(model_output, sample, alpha_prod_t, prediction_type):
+    a = alpha_prod_t
+    if prediction_type == "v_prediction":
+        return a**0.5 * sample - (1 - a) ** 0.5 * model_output
+    if prediction_type == "sample":
+        return model_output.clone()
+    return (sample - (1 - a) ** 0.5 * model_output) / a
+
+
+@predict_x0.trap("v_prediction with the sign flipped: √ᾱ·x_t + √(1−ᾱ)·v",
+                 hint="x̂_0 = √ᾱ_t·x_t − √(1−ᾱ_t)·v: v = √ᾱ·ε − √(1−ᾱ)·x_0 carries −x_0, so it is subtracted.")
+def _(model_output, sample, alpha_prod_t, prediction_type):
+    a = alpha_prod_t
+    if prediction_type == "epsilon":
+        return (sample - (1 - a) ** 0.5 * model_output) / a**0.5
+    if prediction_type == "sample":
+        return model_output.clone()
+    return a**0.5 * sample + (1 - a) ** 0.5 * model_output
+
+
 @predict_x0.trap("epsilon: x_t − √(1−ᾱ)·ε̂ without dividing by √ᾱ_t",
                  hint="Removing the noise leaves √ᾱ_t·x_0: divide by √ᾱ_t to get x_0.")
 def _(model_output, sample, alpha_prod_t, prediction_type):
@@ -640,7 +662,7 @@ def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, ge
                clip_sample, variance_type="fixed_small", thresholding=False, dynamic_thresholding_ratio=0.995,
                sample_max_value=1.0, *, one_step_alpha=False, ignore_prev=False, wrap=False, no_clip=False,
                variance_not_std=False, fixed_large=False, fixed_small=False, large_of_table=False,
-               no_noise=False, no_threshold=False):
+               no_noise=False, no_threshold=False, noise_at_zero=False, large_cumulative=False):
     """DDPM with one misconception switched on (each trap below names one)."""
     t = timestep
     p = t - 1 if ignore_prev else prev_timestep
@@ -657,11 +679,13 @@ def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, ge
     elif clip_sample and not no_clip:
         x0 = x0.clamp(-1, 1)
     out = (ap**0.5 * bt) / (1 - a) * x0 + at**0.5 * (1 - ap) / (1 - a) * sample
-    if t > 0 and not no_noise:
+    if (t > 0 or noise_at_zero) and not no_noise:
         z = torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
         large = fixed_large or (variance_type == "fixed_large" and not fixed_small)
         if large and large_of_table:  # β_t of the training table: 1 − ᾱ_t/ᾱ_{t−1}
             var = 1 - a / alphas_cumprod[t - 1]
+        elif large and large_cumulative:  # 1 − ᾱ_t, the cumulative noise
+            var = 1 - a
         else:
             var = bt if large else torch.clamp((1 - ap) / (1 - a) * bt, min=1e-20)
         out = out + (var if variance_not_std else var**0.5) * z
@@ -718,6 +742,20 @@ def _(**kw):
                 hint="With a strided schedule β_t is the stride's: 1 − ᾱ_t/ᾱ_prev, the same β_t as in the mean.")
 def _(**kw):
     return wrong_ddpm(**kw, large_of_table=True)
+
+
+@ddpm_step.trap("'fixed_large' with 1 − ᾱ_t (the cumulative noise) instead of β_t",
+                hint="'fixed_large' is the forward step's variance β_t = 1 − ᾱ_t/ᾱ_prev, not the whole noise "
+                     "1 − ᾱ_t accumulated from x_0.")
+def _(**kw):
+    return wrong_ddpm(**kw, large_cumulative=True)
+
+
+@ddpm_step.trap("noise added at the last step too (t = 0)",
+                hint="The step onto t = 0 returns the posterior mean: x_0's estimate gets no fresh noise (diffusers "
+                     "adds σ_t·z only where t > 0), and nothing is drawn from the generator there.")
+def _(**kw):
+    return wrong_ddpm(**kw, noise_at_zero=True)
 
 
 @ddpm_step.trap("thresholding ignored (x̂0 clipped or left as it is)",

@@ -107,6 +107,26 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
      return model_output
      """,
      "epsilon: x_t − √(1−ᾱ)·ε̂ without dividing"),
+    ("predict_x0",  # a blind learner's: ε's branch divided by ᾱ
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) ** 0.5 * model_output) / a
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * sample - (1 - a) ** 0.5 * model_output
+     return model_output
+     """,
+     "epsilon: divided by ᾱ_t instead of √ᾱ_t"),
+    ("predict_x0",  # a blind learner's: v's rotation with +
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * sample + (1 - a) ** 0.5 * model_output
+     return model_output
+     """,
+     "v_prediction with the sign flipped"),
     ("predict_x0",  # v with the roles of x_t and v swapped: no trap, a plain mismatch
      """
      a = alpha_prod_t
@@ -184,6 +204,12 @@ return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, d
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("((1 - ap) / (1 - a) * bt).clamp(min=1e-20)", "bt"),
      "σ² = β_t ('fixed_large')"),
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + "return out\n", "no noise added"),
+    ("ddpm_step",  # noise at t = 0 too: 'fixed_small' clamps its variance to 1e-20 there (right values, one draw
+     # too many: said so); the trap names it where the values show it ('fixed_large')
+     DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("if timestep > 0:", "if True:"),
+     Fails("wrong", "drew a different amount of noise")),
+    ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = 1 - a"),
+     "'fixed_large' with 1 − ᾱ_t"),
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace('if variance_type == "fixed_large":', "if False:"),
      "variance_type ignored"),
     ("ddpm_step", DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace("var = bt", "var = 1 - a / alphas_cumprod[timestep - 1]"),
