@@ -660,6 +660,16 @@ def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):
     return _euler(model_output, sample, sigma, sigma_next, x0, upcast=False)
 
 
+@euler_step.trap("σ cast to float16 too (σ² overflows float16 past σ = 256)",
+                 hint="Keep σ and σ_next the float32 they are and upcast the latent: in float16, σ² + 1 is inf once "
+                      "σ > 256 (zero terminal SNR's first σ is 4096), and x/(σ² + 1) and σ/√(σ² + 1) collapse to 0.")
+def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):
+    half = model_output.dtype
+    sigma, sigma_next = sigma.to(half), sigma_next.to(half)
+    x0 = _x0(model_output, sample.to(half), sigma, prediction_type)
+    return _euler(model_output, sample.to(half), sigma, sigma_next, x0, upcast=False)
+
+
 @euler_step.trap("the derivative not divided by σ",
                  hint="The ODE direction is d = (x − x̂_0)/σ (for ε-prediction that is ε itself).")
 def _(model_output, sample, sigma, sigma_next, prediction_type="epsilon"):

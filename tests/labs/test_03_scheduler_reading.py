@@ -151,6 +151,9 @@ MUTANTS = [
      "v-prediction's x̂_0 taken on the unscaled latent"),
     ("euler_step", step_body(result="x0"), "returned x̂_0 instead of the next latent"),
     ("euler_step", step_body(upcast="sample"), "computed in float16"),
+    ("euler_step",  # a blind learner's: σ and σ_next cast to the model's dtype as well
+     "\n    sigma, sigma_next = sigma.to(model_output.dtype), sigma_next.to(model_output.dtype)"
+     + step_body(upcast="sample.to(model_output.dtype)"), "σ cast to float16 too"),
     ("euler_step", step_body(x0_sample="x - sigma * model_output"), "an x̂0 prediction ('sample') treated as ε"),
     ("euler_step", step_body(result="x + (x - x0) * (sigma_next - sigma)"), "the derivative not divided by σ"),
     ("euler_step",  # x̂_0 read at the wrong noise level
