@@ -75,6 +75,13 @@ def _(beta_start, beta_end, num_train_timesteps):
     return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32).sqrt()
 
 
+@scaled_linear_betas.trap("built in float16, cast to float32 at the end",
+                          hint="β is small but needs float32's 7 digits: float16 keeps about 3, so neighbouring βs "
+                               "collapse onto the same value. Build the linspace in float32 (dtype=torch.float32).")
+def _(beta_start, beta_end, num_train_timesteps):
+    return (torch.linspace(beta_start**0.5, beta_end**0.5, num_train_timesteps, dtype=torch.float16) ** 2).float()
+
+
 # ---- cosine_betas -----------------------------------------------------------------------------------
 cosine_betas = Kata(
     "cosine_betas",

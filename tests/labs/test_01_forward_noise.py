@@ -5,6 +5,9 @@ LAB = "01_forward_noise"
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    ("scaled_linear_betas",  # a blind learner's: "betas are small, half is enough"
+     "return (torch.linspace(beta_start ** 0.5, beta_end ** 0.5, num_train_timesteps, dtype=torch.float16) ** 2)"
+     ".to(torch.float32)", "built in float16, cast to float32 at the end"),
     ("cosine_betas",  # f = cos, not cos²
      """
      f = lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2)
