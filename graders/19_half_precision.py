@@ -54,12 +54,20 @@ def _values(kind: str, g: torch.Generator, dtype: str) -> torch.Tensor:
         x = torch.zeros(4, 4, dtype=torch.float64)
     elif kind == "one_tiny":  # ordinary values and one 3e-5 (a float16 subnormal): float16 still wins
         x[2, 5] = 3e-5
+    elif kind == "many_one_very_tiny":  # 2000 ordinary values and one 1e-7 (float16 keeps it to 19%): bfloat16
+        # by the largest error; float16 by the mean error, or by the largest absolute error
+        x = torch.randn(40, 50, generator=g, dtype=torch.float64)
+        x[7, 11] = 1e-7
+    elif kind == "large_and_very_tiny":  # 6e4 and 1e-7 among ordinary values: bfloat16 by the largest (and the mean)
+        # relative error, float16 by the largest absolute one (16 at 6e4, against bfloat16's 128)
+        x[0, 0], x[1, 1] = 6.0e4, 1e-7
     elif kind == "exact":  # small integers: both casts exact, a tie (float16, as the rule says: err ≤ err)
         x = torch.randint(-8, 9, (3, 17), generator=g).double()
     return x.to(getattr(torch, dtype))
 
 
-DTYPE_CASES = [dict(kind=k, dtype=d) for k in ("unit", "large", "tiny", "just_below_inf", "wide_but_normal", "one_tiny")
+DTYPE_CASES = [dict(kind=k, dtype=d) for k in ("unit", "large", "tiny", "just_below_inf", "wide_but_normal", "one_tiny",
+                                                "many_one_very_tiny", "large_and_very_tiny")
                for d in ("float32", "float64")] + [dict(kind="zeros", dtype="float32"), dict(kind="exact", dtype="float32")]
 
 
@@ -104,6 +112,30 @@ def _(x):
                           "err(bfloat16).")
 def _(x):
     return "float16" if _rel(x, torch.float16) < _rel(x, torch.bfloat16) else "bfloat16"
+
+
+@half_dtype_for.trap("the mean relative error compared, not the largest",
+                     hint="The better cast is the one whose worst entry is best: one value float16 keeps to 19% (1e-7, "
+                          "a subnormal) among 2000 it keeps to 0.01% averages out, but that value is ruined. Compare "
+                          "the largest relative errors.")
+def _(x):
+    def mean(dtype):
+        wide, cast = x.double(), x.to(dtype).double()
+        if not torch.isfinite(cast).all():
+            return float("inf")
+        nz = wide != 0
+        return float(((cast - wide).abs()[nz] / wide.abs()[nz]).mean()) if nz.any() else 0.0
+    return "float16" if mean(torch.float16) <= mean(torch.bfloat16) else "bfloat16"
+
+
+@half_dtype_for.trap("the largest absolute error compared, not the relative one",
+                     hint="An error of 16 at 6e4 is 0.03%; an error of 2e-8 at 1e-7 is 19%. Divide each entry's error "
+                          "by its |x| before taking the largest.")
+def _(x):
+    def largest(dtype):
+        wide, cast = x.double(), x.to(dtype).double()
+        return float((cast - wide).abs().max()) if torch.isfinite(cast).all() else float("inf")
+    return "float16" if largest(torch.float16) <= largest(torch.bfloat16) else "bfloat16"
 
 
 @half_dtype_for.trap("always bfloat16 (the wider range is always safer)",

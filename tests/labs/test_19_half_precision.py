@@ -88,6 +88,25 @@ MUTANTS = [
      choice_body("f16 < bf16"),
      "a tie resolved to bfloat16"),
     ("half_dtype_for", choice_body("True"), "always float16 (more mantissa bits is always better)"),
+    ("half_dtype_for",  # blind learners': the mean relative error, and the largest absolute error
+     """
+     wide, nz = x.double(), x != 0
+     errs = []
+     for dtype in (torch.float16, torch.bfloat16):
+         cast = x.to(dtype).double()
+         ok = bool(torch.isfinite(cast).all())
+         errs.append(float(((cast - wide).abs()[nz] / wide.abs()[nz]).mean()) if ok and nz.any() else 0.0 if ok
+                     else float("inf"))
+     return "float16" if errs[0] <= errs[1] else "bfloat16"
+     """, "the mean relative error compared, not the largest"),
+    ("half_dtype_for",
+     """
+     errs = []
+     for dtype in (torch.float16, torch.bfloat16):
+         cast = x.to(dtype).double()
+         errs.append(float((cast - x.double()).abs().max()) if torch.isfinite(cast).all() else float("inf"))
+     return "float16" if errs[0] <= errs[1] else "bfloat16"
+     """, "the largest absolute error compared, not the relative one"),
     ("half_dtype_for",  # float16's range checked, and its smallest *normal* value as the floor, but 0 counted too
      choice_body("m <= 65504 and float(x.abs().min()) >= 6.1e-5"), 'the range rule of thumb'),
     ("decode_latents", decode_body(up="False"), "decoded in float16 although force_upcast is set"),
