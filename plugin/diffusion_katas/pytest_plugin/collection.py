@@ -303,7 +303,6 @@ class KataItem(pytest.Item):
             self._echo()
             self.runner = None
 
-
     def _echo(self) -> None:
         """What the learner's code printed, into this item's captured output (capped by the runner)."""
         runner = getattr(self, "runner", None)
