@@ -360,6 +360,24 @@ def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
     return (x / 2 + 0.5).clamp(0, 1)
 
 
+@generate.trap("the initial noise drawn one image at a time",
+               hint="randn_tensor draws the whole batch in one call: initial_noise(batch_size, ...), not a "
+                    "torch.cat of batch_size one-image draws (torch's CPU sampler fills blocks of 16 values, so "
+                    "they agree only when C·H·W is a multiple of 16).")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    x = torch.cat([_draw(unet, 1, generator) for _ in range(batch_size)])
+    return (_loop(unet, scheduler, x, num_inference_steps, generator, eta) / 2 + 0.5).clamp(0, 1)
+
+
+@generate.trap("a fresh generator with the same seed for the loop",
+               hint="One generator drives the whole run: the loop's step noise continues the stream the initial "
+                    "noise was drawn from. Re-seeding a new generator replays the initial noise as step noise.")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    x = _draw(unet, batch_size, generator)
+    again = torch.Generator().manual_seed(generator.initial_seed())
+    return (_loop(unet, scheduler, x, num_inference_steps, again, eta) / 2 + 0.5).clamp(0, 1)
+
+
 # ---- the learner's scheduler and UNet, checked call by call (after the katas: used at run time) -----
 # The learner's scheduler arrives holding the schedule of an earlier run with this many steps.
 STALE_STEPS = 4

@@ -99,7 +99,15 @@ MUTANTS = [
      noise = torch.cat([initial_noise(1, c, s, generator, unet.dtype) for _ in range(batch_size)])
      return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))
      """,
-     Fails("wrong", "values differ")),
+     "the initial noise drawn one image at a time"),
+    ("generate",  # a blind learner's: a fresh generator with the same seed for the loop
+     """
+     c, s = unet.config.in_channels, unet.config.sample_size
+     noise = initial_noise(batch_size, c, s, generator, unet.dtype)
+     again = torch.Generator().manual_seed(generator.initial_seed())
+     return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, again, eta=eta))
+     """,
+     "a fresh generator with the same seed for the loop"),
     ("generate",  # the noise drawn in float32 and cast to the UNet's float16
      """
      c, s = unet.config.in_channels, unet.config.sample_size
