@@ -107,6 +107,13 @@ def _(block_out_channels):
     return 2 * (len(block_out_channels) - 1)
 
 
+@vae_scale_factor.trap("2·n (twice the number of blocks) instead of 2^(n − 1)",
+                       hint="Each downsampling block halves H and W: the factors multiply, 2^(n − 1) for n blocks "
+                            "(the last block has no downsampler). 2·n is 8 only for SD's four blocks.")
+def _(block_out_channels):
+    return 2 * len(block_out_channels)
+
+
 @vae_scale_factor.trap("a hard-coded 8",
                        hint="8 is Stable Diffusion's VAE; compute f from the config so any VAE works.")
 def _(block_out_channels):
@@ -468,6 +475,13 @@ def _(images):
     with np.errstate(all="ignore"):
         x = (images * 0.5 + 0.5).cpu().permute(0, 2, 3, 1).float().numpy()
         return (x * 255).round().astype(np.int64).astype("uint8")
+
+
+@to_uint8.trap("scaled by 256 (then clipped to 255) instead of 255",
+               hint="[0, 1] maps onto 0 … 255: multiply by 255 and round. ×256 puts every level one step up from "
+                    "the middle and needs a clip to keep 1.0 in range.")
+def _(images):
+    return np.clip(np.round(_unit_nhwc(images) * 256.0), 0, 255).astype("uint8")
 
 
 @to_uint8.trap("left channels first (B, 3, H, W)",

@@ -500,6 +500,13 @@ def _(x, weight, bias, lora_A, lora_B, scaling):
     return F.linear(x, weight, bias) + F.linear(F.linear(x, lora_A), lora_B)
 
 
+@lora_forward.trap("the side path divided by r again (scaling already holds α/r)",
+                   hint="scaling is the adapter's whole factor (lora_scaling: α/r, or α/√r with rsLoRA): multiply the "
+                        "side path by it, nothing more.")
+def _(x, weight, bias, lora_A, lora_B, scaling):
+    return F.linear(x, weight, bias) + (scaling / lora_A.shape[0]) * F.linear(F.linear(x, lora_A), lora_B)
+
+
 @lora_forward.trap("the base output scaled too",
                    hint="Only the adapter's update is scaled; the frozen layer's output x Wᵀ + b is added "
                         "as it is.")

@@ -736,7 +736,7 @@ def _(case, g):
 
 
 def wrong_loop(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon", *, unscaled=False,
-               start_scaled=False):
+               start_scaled=False, sigma_as_noise=False):
     """The loop with one misconception switched on (for traps); all switches off = correct (float64 math)."""
     predict = network.predict if isinstance(network, GaussianEDMNetwork) else network
     x = sample.double() * (sigmas[0].double() if start_scaled else 1)
@@ -744,7 +744,7 @@ def wrong_loop(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon
     for i in range(len(sigmas) - 1):
         s, s_next = sigmas[i].double(), sigmas[i + 1].double()
         x_in = (x if unscaled else x / (s**2 + sigma_data**2) ** 0.5).to(sample.dtype)
-        F = predict(x_in, 0.25 * s.log()).double()
+        F = predict(x_in, sigmas[i] if sigma_as_noise else 0.25 * s.log()).double()
         denoised = sigma_data**2 / (s**2 + sigma_data**2) * x + sign * s * sigma_data / (s**2 + sigma_data**2) ** 0.5 * F
         x = (x + (s_next - s) * (x - denoised) / s).to(sample.dtype).double()
     return x.to(sample.dtype)
@@ -755,6 +755,12 @@ def wrong_loop(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon
                       "input (edm_model_inputs) before every call.")
 def _(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon"):
     return wrong_loop(network, sample, sigmas, sigma_data, prediction_type, unscaled=True)
+
+
+@edm_sample.trap("the network fed σ instead of c_noise = ¼·ln σ",
+                 hint="The network's noise input is c_noise = ¼·ln σ (edm_model_inputs returns it), not σ itself.")
+def _(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon"):
+    return wrong_loop(network, sample, sigmas, sigma_data, prediction_type, sigma_as_noise=True)
 
 
 @edm_sample.trap("the starting sample multiplied by σ_0 again",

@@ -312,6 +312,8 @@ def wrong_lcm(model_output, timestep, sample, alphas_cumprod, timesteps, generat
     a = alphas_cumprod[timestep]
     if prediction_type == "v_prediction" and v_swap == "coefficients":
         x0 = (1 - a) ** 0.5 * sample - a**0.5 * model_output
+    elif prediction_type == "v_prediction" and v_swap == "sign":
+        x0 = a**0.5 * sample + (1 - a) ** 0.5 * model_output
     elif prediction_type == "v_prediction" and v_swap == "roles":
         x0 = a**0.5 * model_output - (1 - a) ** 0.5 * sample
     else:
@@ -355,6 +357,8 @@ _step_trap("timestep_scaling forgotten in the boundary scalings",
 _step_trap("v-prediction's x̂₀ with √ᾱ and √(1 − ᾱ) swapped (√(1 − ᾱ)·x − √ᾱ·v)",
            "x_t = √ᾱ·x₀ + √(1 − ᾱ)·ε and v = √ᾱ·ε − √(1 − ᾱ)·x₀ give x̂₀ = √ᾱ·x_t − √(1 − ᾱ)·v.",
            v_swap="coefficients")
+_step_trap("v-prediction's x̂₀ with the sign flipped (√ᾱ·x + √(1 − ᾱ)·v)",
+           "x̂₀ = √ᾱ·x_t − √(1 − ᾱ)·v: v = √ᾱ·ε − √(1 − ᾱ)·x₀ carries −x₀, so it is subtracted.", v_swap="sign")
 _step_trap("v-prediction's x̂₀ with x and v exchanged (√ᾱ·v − √(1 − ᾱ)·x)",
            "x̂₀ = √ᾱ·x_t − √(1 − ᾱ)·v: the sample takes √ᾱ, the model's v takes −√(1 − ᾱ).", v_swap="roles")
 

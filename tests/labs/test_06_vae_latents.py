@@ -4,6 +4,12 @@ from expect import Fails
 LAB = "06_vae_latents"
 
 MUTANTS = [
+    ("vae_scale_factor", "return 2 * len(block_out_channels)", "2·n (twice the number of blocks)"),
+    ("to_uint8",  # a blind learner's: ×256, clipped
+     """
+     x = (images * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy()
+     return np.clip(np.round(x * 256.0), 0, 255).astype(np.uint8)
+     """, "scaled by 256 (then clipped to 255)"),
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("vae_scale_factor", "return 2 ** len(block_out_channels)", "one halving per block"),
     ("vae_scale_factor", "return 8", "a hard-coded 8"),

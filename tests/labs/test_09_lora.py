@@ -14,6 +14,9 @@ d = (B.flatten(1) @ A.flatten(1)).reshape(B.shape[0], *A.shape[1:])
 """
 
 MUTANTS = [
+    ("lora_forward",  # a blind learner's: α/r applied twice
+     "return F.linear(x, weight, bias) + (scaling / lora_A.shape[0]) * F.linear(F.linear(x, lora_A), lora_B)",
+     "the side path divided by r again"),
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("lora_scaling",
      "return (math.sqrt(rank) if use_rslora else rank) / alpha * adapter_weight * lora_scale",

@@ -63,6 +63,14 @@ def step_body(update="x + (sigma_next - sigma) * (x - d0) / sigma", cast=".to(mo
 
 
 MUTANTS = [
+    ("edm_sample",  # a blind learner's: σ for c_noise
+     """
+     x = sample
+     for i in range(len(sigmas) - 1):
+         x_in, _ = edm_model_inputs(x, sigmas[i].expand(x.shape[0]), sigma_data)
+         x = edm_euler_step(network(x_in, sigmas[i]), x, sigmas[i], sigmas[i + 1], sigma_data, prediction_type)
+     return x
+     """, "the network fed σ instead of c_noise"),
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("karras_sigmas",
      ladder_body(sigmas="(sigma_max ** rho + ramp * (sigma_min ** rho - sigma_max ** rho)) ** (1 / rho)"),

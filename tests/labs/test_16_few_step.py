@@ -98,6 +98,7 @@ def loop_body(guide="guidance_scale > 1", start="latents * scheduler.init_noise_
 
 
 MUTANTS = [
+    ("lcm_step", step_body(x0_v="a**0.5 * x + (1 - a) ** 0.5 * out"), "v-prediction's x̂₀ with the sign flipped"),
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("lcm_timesteps", ladder_body(out="(torch.arange(n) * (T // n)).flip(0)"), "DDIM's leading spacing"),
     ("lcm_timesteps", ladder_body(out="torch.tensor([round(T - j * T / n) - 1 for j in range(n)])"),
