@@ -195,6 +195,9 @@ def _inputs(case, g):
     if case.get("negative") == "close":  # a negative prompt a little off the prompt: the two contexts' first-block
         (embeds, pooled), (other, other_pooled) = prompts  # residuals are then close, and only keying the caches
         prompts[1] = (embeds + 0.03 * other, pooled + 0.03 * other_pooled)  # by context tells them apart
+    if case.get("negative") == "far":  # a negative prompt far from the prompt (4× its scale): the two contexts'
+        other, other_pooled = prompts[1]  # residuals change at different paces, and their decisions part
+        prompts[1] = (4 * other, 4 * other_pooled)
     img_ids = torch.zeros(h, w, 3)
     img_ids[..., 1] = torch.arange(h)[:, None]
     img_ids[..., 2] = torch.arange(w)[None, :]
@@ -267,25 +270,50 @@ def _deltas(blocks, calls) -> list[float | None]:
 
 
 def run(case, g):
-    """A tiny transformer, its inputs, and a recorded cached run whose threshold separates skips from full runs."""
+    """A tiny transformer, its inputs, and a recorded cached run whose threshold separates skips from full runs; with
+    `contexts_differ`, one where the cond and uncond calls of some step decide differently (each context keeps its
+    own cache: an uncond call that follows the cond call's decision must show), where a threshold within a factor
+    of 1.2 of the first one gives that."""
     pristine = make_transformer(*case["layers"])
     blocks = counted_blocks(pristine)
     start = _inputs(case, g)
     threshold = case["start_threshold"]
     for _ in range(40):
         calls = record_run(pristine, case, start, threshold)
-        deltas = [d for d in _deltas(blocks, calls) if d is not None]
-        skipped = sum(not c["cache_after"]["should_compute"] for c in calls)
-        if skipped == 0:
-            threshold *= 1.25
-        elif skipped == len(deltas):
-            threshold /= 1.25
-        elif any(abs(d - threshold) <= 0.02 * threshold for d in deltas):
-            threshold *= 1.03
-        else:
-            blocks.calls.clear()
-            return blocks, calls, threshold
-    raise RuntimeError(f"no threshold separates this run's skips from its full runs: {case}")
+        verdict = _separates(blocks, calls, threshold)
+        if verdict == "ok":
+            break
+        threshold *= {"never skips": 1.25, "always skips": 1 / 1.25, "too close": 1.03}[verdict]
+    else:
+        raise RuntimeError(f"no threshold separates this run's skips from its full runs: {case}")
+    if case.get("contexts_differ") and not _contexts_differ(calls):
+        for k in range(1, 24):  # outwards from the threshold found, 1.5% at a time, up to ×1.2 and ÷1.2
+            near = threshold * 1.015 ** (k // 2 + 1 if k % 2 else -(k // 2))
+            other = record_run(pristine, case, start, near)
+            if _contexts_differ(other) and _separates(blocks, other, near) == "ok":
+                calls, threshold = other, near
+                break
+    blocks.calls.clear()
+    return blocks, calls, threshold
+
+
+def _separates(blocks, calls, threshold) -> str:
+    """Whether a run both skips and runs every block, with no δ within 2% of the threshold: "ok", or what is wrong."""
+    deltas = [d for d in _deltas(blocks, calls) if d is not None]
+    skipped = sum(not c["cache_after"]["should_compute"] for c in calls)
+    if skipped == 0:
+        return "never skips"
+    if skipped == len(deltas):
+        return "always skips"
+    if any(abs(d - threshold) <= 0.02 * threshold for d in deltas):
+        return "too close"
+    return "ok"
+
+
+def _contexts_differ(calls) -> bool:
+    """Whether some step's cond and uncond calls (in that order) made different decisions."""
+    return any(a["cache_after"]["should_compute"] != b["cache_after"]["should_compute"]
+               for a, b in zip(calls[0::2], calls[1::2]))
 
 
 def _threshold(threshold, case) -> str:
@@ -440,7 +468,9 @@ cached_transformer_calls = Kata(
 RUN_CASES = [
     dict(layers=(2, 2), hw=(4, 4), text=5, batch=1, steps=8, cfg=3.5, negative="close", start_threshold=0.15),
     dict(layers=(1, 2), hw=(5, 3), text=4, batch=1, steps=10, cfg=0.0, start_threshold=0.2),
-    dict(layers=(2, 1), hw=(3, 3), text=6, batch=2, steps=6, cfg=2.0, start_threshold=0.12),
+    # the cond and uncond calls of some step decide differently (each context keeps its own cache)
+    dict(layers=(2, 1), hw=(3, 3), text=6, batch=2, steps=6, cfg=2.0, start_threshold=0.12, negative="far",
+         contexts_differ=True),
 ]
 
 
@@ -460,13 +490,18 @@ def _(case, g):
                           "(C: every block ran, ·: skipped)")
 
 
-def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=False):
-    caches, out = {}, []
+def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=False, follow_cond=False):
+    caches, out, cond_ran = {}, [], True
     for call in calls:
         key = "one" if shared else call["context"]
         before = None if forget else caches.get(key)
+        here = threshold
+        if follow_cond and call["context"] != "cond" and before is not None:
+            here = -1.0 if cond_ran else float("inf")  # the cond call's decision forced on this one
         hid, enc, cache = _step(blocks, call["hidden_states"], call["encoder_hidden_states"], call["temb"],
-                                call["image_rotary_emb"], before, threshold)
+                                call["image_rotary_emb"], before, here)
+        if call["context"] == "cond":
+            cond_ran = cache["should_compute"]
         caches[key] = cache
         flag = (True if before is None else before["should_compute"]) if flag_before else cache["should_compute"]
         out.append((hid, enc, flag))
@@ -486,6 +521,15 @@ def _(**kw):
                                     "returns: read should_compute from the new cache, not the one passed in.")
 def _(**kw):
     return _calls(**kw, flag_before=True)
+
+
+@cached_transformer_calls.trap("the uncond call made to follow the cond call's decision (one decision per step)",
+                               hint="Each context decides from its own cache: the uncond prediction's first-block "
+                                    "residual changes at its own pace, so it may run every block where the cond call "
+                                    "skipped, or the other way round. Call first_block_cache_step with the threshold "
+                                    "for both.")
+def _(**kw):
+    return _calls(**kw, follow_cond=True)
 
 
 @cached_transformer_calls.trap("the returned cache dropped: every call starts empty (and runs every block)",

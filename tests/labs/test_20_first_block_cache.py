@@ -90,6 +90,19 @@ MUTANTS = [
      """, Fails("answer key", "")),
     ("cached_transformer_calls", calls_body(key='"shared"'), "one cache shared by the cond and uncond calls"),
     ("cached_transformer_calls", calls_body(keep="pass"), "the returned cache dropped"),
+    ("cached_transformer_calls",  # a blind learner's: separate caches, but uncond forced to the cond decision
+     """
+     caches, out, cond_ran = {}, [], True
+     for call in calls:
+         ctx = call["context"]
+         here = threshold if ctx == "cond" or ctx not in caches else (-1.0 if cond_ran else float("inf"))
+         hid, enc, caches[ctx] = first_block_cache_step(blocks, call["hidden_states"], call["encoder_hidden_states"],
+                                                        call["temb"], call["image_rotary_emb"], caches.get(ctx), here)
+         if ctx == "cond":
+             cond_ran = caches[ctx]["should_compute"]
+         out.append((hid, enc, caches[ctx]["should_compute"]))
+     return out
+     """, "the uncond call made to follow the cond call's decision"),
     ("cached_transformer_calls",  # a blind learner's: the flag read from the cache passed in (the previous decision)
      """
      caches, out = {}, []
