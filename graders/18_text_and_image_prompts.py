@@ -181,6 +181,16 @@ def _(text_encoder, input_ids, clip_skip=None):
             out.hidden_states[-clip_skip])
 
 
+@prompt_embeds.trap("final layer norm applied to last_hidden_state too (normalised twice without clip_skip)",
+                    hint="last_hidden_state has already been through final_layer_norm: return it as it is when "
+                         "clip_skip is None; only a hidden_states[i] you pick needs the norm.")
+def _(text_encoder, input_ids, clip_skip=None):
+    with torch.no_grad():
+        out = text_encoder(input_ids, output_hidden_states=True)
+        picked = out.last_hidden_state if clip_skip is None else out.hidden_states[-(clip_skip + 1)]
+        return text_encoder.final_layer_norm(picked)
+
+
 # ---- pooled_embedding -------------------------------------------------------------------------------
 pooled_embedding = Kata(
     "pooled_embedding",

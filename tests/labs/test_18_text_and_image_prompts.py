@@ -73,6 +73,8 @@ MUTANTS = [
     ("prompt_embeds", embeds_body(pick="text_encoder.final_layer_norm(out.hidden_states[-clip_skip])"),
      "hidden_states[-clip_skip] (one layer too late)"),
     ("prompt_embeds", embeds_body(plain="out.hidden_states[-1]"), Fails("wrong", "values differ")),
+    ("prompt_embeds", embeds_body(plain="text_encoder.final_layer_norm(out.last_hidden_state)"),
+     "final layer norm applied to last_hidden_state too"),
     ("pooled_embedding", "    return last_hidden_state[:, -1]\n", "pooled from the last position"),
     ("pooled_embedding", "    return last_hidden_state[:, 0]\n", "pooled from the first token (BOS)"),
     ("pooled_embedding", pooled_body(current="input_ids.argmax(-1)"), "argmax of the ids whatever the config"),

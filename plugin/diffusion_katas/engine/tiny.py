@@ -142,4 +142,12 @@ def clip_text_encoder(layers: int = 3, eos_token_id: int | None = None):
                             num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=CLIP_MAX_LENGTH,
                             bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id if eos_token_id is None else eos_token_id)
-    return CLIPTextModel(config).eval()
+    model = CLIPTextModel(config).eval()
+    import torch
+
+    with torch.no_grad():  # LayerNorms start as the identity affine map, and LN(LN(x)) = LN(x): give them weights
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(1.0, 0.2)
+                module.bias.normal_(0.0, 0.2)
+    return model
