@@ -119,9 +119,12 @@ def _(case, g):
 
 
 def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, text_to_out=False,
-           no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False, split_text_first=False):
+           no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False, split_text_first=False,
+           scale_over_d=False):
     """Joint attention with one misconception switched on (for traps); all off = correct."""
     heads, n = attn.heads, x.shape[1]
+    sdpa = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=1 / q.shape[-1])) if scale_over_d \
+        else F.scaled_dot_product_attention
     txt_layers = ((attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k) if shared or shared_in else
                   (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
                    *((attn.norm_q, attn.norm_k) if image_norm_on_text else (attn.norm_added_q, attn.norm_added_k))))
@@ -137,11 +140,11 @@ def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, 
         img = qkv(x, attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k)
         txt = qkv(c, *txt_layers)
         if separate:
-            o_img = _merge(F.scaled_dot_product_attention(*img))
-            o_txt = _merge(F.scaled_dot_product_attention(*txt))
+            o_img = _merge(sdpa(*img))
+            o_txt = _merge(sdpa(*txt))
         else:
             first, second = (txt, img) if text_first_split else (img, txt)
-            o = _merge(F.scaled_dot_product_attention(*(torch.cat([a, b], 2) for a, b in zip(first, second))))
+            o = _merge(sdpa(*(torch.cat([a, b], 2) for a, b in zip(first, second))))
             o_img, o_txt = o[:, :n], o[:, n:]  # split as if the image came first
             if split_text_first:  # concatenated image first, split as if the text came first
                 m = o.shape[1] - n
@@ -219,6 +222,13 @@ def _(attn, hidden_states, encoder_hidden_states):
     return _joint(attn, hidden_states, encoder_hidden_states, no_norm=True)
 
 
+@joint_attention.trap("the scores scaled by 1/d instead of 1/√d",
+                      hint="Scaled dot-product attention divides q·k by √d (d = the head dim): softmax(q·kᵀ/√d). "
+                           "1/d flattens every score towards uniform attention.")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, scale_over_d=True)
+
+
 # ---- flux_position_ids ------------------------------------------------------------------------------
 flux_position_ids = Kata(
     "flux_position_ids",
@@ -287,6 +297,15 @@ def _(text_len, rows, cols):
                              "as its tokens.")
 def _(text_len, rows, cols):
     return _ids(text_len, rows, cols, image_first=True)
+
+
+@flux_position_ids.trap("tokens enumerated column by column (meshgrid indexing='xy')",
+                        hint="The latent is flattened row by row: token r·cols + c is at (0, r, c). meshgrid with "
+                             "indexing='ij' gives that order; 'xy' transposes it.")
+def _(text_len, rows, cols):
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="xy")
+    image = torch.stack([torch.zeros_like(r), r, c], -1).reshape(-1, 3).float()
+    return torch.cat([torch.zeros(text_len, 3), image])
 
 
 @flux_position_ids.trap("ids (row, col, 0): the axes shifted",

@@ -113,6 +113,15 @@ def _(residual, cached_residual):
     return float((residual - cached_residual).mean().abs() / cached_residual.abs().mean())
 
 
+@residual_change.trap("δ per sample, then averaged over the batch (a mean of ratios)",
+                      hint="One δ for the whole batch: mean|r − r_cached| over every element, divided by "
+                           "mean|r_cached| over every element. A quiet sample's ratio would otherwise count as much "
+                           "as a loud one's.")
+def _(residual, cached_residual):
+    r, c = residual.double().flatten(1), cached_residual.double().flatten(1)
+    return float(((r - c).abs().mean(1) / c.abs().mean(1)).mean())
+
+
 @residual_change.trap("an L2 change ‖r − r_cached‖ / ‖r_cached‖ instead of the mean absolute one",
                       hint="First Block Cache (like TeaCache) uses the relative L1 change: mean absolute values, "
                            "not Euclidean norms. The threshold's scale is made for that number.")

@@ -124,6 +124,14 @@ def flux_body(g="torch.full([1], guidance_scale).expand(B)", t="timestep.expand(
 
 
 MUTANTS = [
+    ("joint_attention", joint_body(attend="merge_heads(F.scaled_dot_product_attention(query, key, value, "
+                                          "scale=1 / query.shape[-1]))"), "the scores scaled by 1/d"),
+    ("flux_position_ids",  # a blind learner's: meshgrid indexing='xy'
+     """
+     r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="xy")
+     img = torch.stack([torch.zeros_like(r), r, c], -1).reshape(-1, 3).float()
+     return torch.cat([torch.zeros(text_len, 3), img])
+     """, "tokens enumerated column by column"),
     ("joint_attention", joint_body(txt="attn.to_q, attn.to_k, attn.to_v, attn.norm_added_q, attn.norm_added_k"),
      "the text projected with the image's to_q / to_k / to_v"),
     ("joint_attention", joint_body(text_out="text"), "to_add_out skipped"),

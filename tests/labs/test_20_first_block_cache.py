@@ -43,6 +43,11 @@ def calls_body(key='call["context"]', keep="caches[key] = cache") -> str:
 
 
 MUTANTS = [
+    ("residual_change",  # a blind learner's: a mean of per-sample ratios
+     """
+     r, c = residual.double().flatten(1), cached_residual.double().flatten(1)
+     return ((r - c).abs().mean(dim=1) / c.abs().mean(dim=1)).mean().item()
+     """, "δ per sample, then averaged over the batch"),
     ("residual_change", "return float((residual - cached_residual).abs().mean() / residual.abs().mean())",
      "δ relative to the current residual"),
     ("residual_change", "return float((residual - cached_residual).mean().abs() / cached_residual.abs().mean())",
