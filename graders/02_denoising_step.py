@@ -217,48 +217,41 @@ def _(model_output, sample, alpha_prod_t, prediction_type):
     return (sample - (1 - alpha_prod_t) ** 0.5 * model_output) / alpha_prod_t**0.5
 
 
+def _x0_with(model_output, sample, a, prediction_type, *, eps=None, v=None):
+    """predict_x0 with its ε or v branch replaced by a mistake (the traps below): eps(a), v(a) give x̂0."""
+    if prediction_type == "sample":
+        return model_output.clone()
+    if prediction_type == "v_prediction":
+        return v(a) if v is not None else a**0.5 * sample - (1 - a) ** 0.5 * model_output
+    return eps(a) if eps is not None else (sample - (1 - a) ** 0.5 * model_output) / a**0.5
+
+
 @predict_x0.trap("v_prediction: √ᾱ·v + √(1−ᾱ)·x_t, which is ε̂, not x̂0",
                  hint="From v, x̂_0 = √ᾱ_t·x_t − √(1−ᾱ_t)·v; the other rotation, √ᾱ·v + √(1−ᾱ)·x_t, gives ε̂.")
 def _(model_output, sample, alpha_prod_t, prediction_type):
-    a = alpha_prod_t
-    if prediction_type == "epsilon":
-        return (sample - (1 - a) ** 0.5 * model_output) / a**0.5
-    if prediction_type == "sample":
-        return model_output.clone()
-    return a**0.5 * model_output + (1 - a) ** 0.5 * sample
+    return _x0_with(model_output, sample, alpha_prod_t, prediction_type,
+                    v=lambda a: a**0.5 * model_output + (1 - a) ** 0.5 * sample)
 
 
 @predict_x0.trap("epsilon: divided by ᾱ_t instead of √ᾱ_t",
                  hint="x_t − √(1−ᾱ_t)·ε̂ is √ᾱ_t·x_0: divide by √ᾱ_t (dividing by ᾱ_t overshoots by 1/√ᾱ_t).")
 def _(model_output, sample, alpha_prod_t, prediction_type):
-    a = alpha_prod_t
-    if prediction_type == "v_prediction":
-        return a**0.5 * sample - (1 - a) ** 0.5 * model_output
-    if prediction_type == "sample":
-        return model_output.clone()
-    return (sample - (1 - a) ** 0.5 * model_output) / a
+    return _x0_with(model_output, sample, alpha_prod_t, prediction_type,
+                    eps=lambda a: (sample - (1 - a) ** 0.5 * model_output) / a)
 
 
 @predict_x0.trap("v_prediction with the sign flipped: √ᾱ·x_t + √(1−ᾱ)·v",
                  hint="x̂_0 = √ᾱ_t·x_t − √(1−ᾱ_t)·v: v = √ᾱ·ε − √(1−ᾱ)·x_0 carries −x_0, so it is subtracted.")
 def _(model_output, sample, alpha_prod_t, prediction_type):
-    a = alpha_prod_t
-    if prediction_type == "epsilon":
-        return (sample - (1 - a) ** 0.5 * model_output) / a**0.5
-    if prediction_type == "sample":
-        return model_output.clone()
-    return a**0.5 * sample + (1 - a) ** 0.5 * model_output
+    return _x0_with(model_output, sample, alpha_prod_t, prediction_type,
+                    v=lambda a: a**0.5 * sample + (1 - a) ** 0.5 * model_output)
 
 
 @predict_x0.trap("epsilon: x_t − √(1−ᾱ)·ε̂ without dividing by √ᾱ_t",
                  hint="Removing the noise leaves √ᾱ_t·x_0: divide by √ᾱ_t to get x_0.")
 def _(model_output, sample, alpha_prod_t, prediction_type):
-    a = alpha_prod_t
-    if prediction_type == "v_prediction":
-        return a**0.5 * sample - (1 - a) ** 0.5 * model_output
-    if prediction_type == "sample":
-        return model_output.clone()
-    return sample - (1 - a) ** 0.5 * model_output
+    return _x0_with(model_output, sample, alpha_prod_t, prediction_type,
+                    eps=lambda a: sample - (1 - a) ** 0.5 * model_output)
 
 
 # ---- dynamic_threshold -----------------------------------------------------------------------------------
