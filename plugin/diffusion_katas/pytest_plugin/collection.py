@@ -643,6 +643,29 @@ class KataItem(pytest.Item):
         near = closeness(out, wrong, expected)
         return near if near <= TRAP_NEAR else None
 
+    def _dtype_trap_in_sequence(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
+        """`_dtype_trap`'s first case for a tuple or list output: its first tensor in another floating dtype, computed
+        wider and never cast back, where the whole output is right once that tensor is cast."""
+        import torch
+
+        from diffusion_katas.engine.comparison import scenario_mismatch
+
+        for i, (mine, theirs) in enumerate(zip(out, scenario.expected)):
+            if not (type(mine) is torch.Tensor and type(theirs) is torch.Tensor and mine.dtype != theirs.dtype):
+                continue
+            if mine.shape != theirs.shape or not (mine.is_floating_point() and theirs.is_floating_point()) \
+                    or torch.finfo(mine.dtype).eps >= torch.finfo(theirs.dtype).eps:
+                return None
+            cast = list(out)
+            cast[i] = mine.to(theirs.dtype)
+            if scenario_mismatch(type(out)(cast), scenario, tol):
+                return None
+            wide, narrow = str(mine.dtype).removeprefix("torch."), str(theirs.dtype).removeprefix("torch.")
+            return (f"output[{i}] computed in {wide} and never cast back to {narrow}",
+                    f"Its values are right once cast: compute as wide as you like, then cast output[{i}] to {narrow} "
+                    "once, where the reference casts.")
+        return None
+
     def _dtype_trap(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
         """The mistake any kata can make where a tensor comes back in the wrong floating dtype with the right values:
         computed wider and never cast back (right once cast), or left in a half dtype where the reference returns a
@@ -652,7 +675,11 @@ class KataItem(pytest.Item):
         from diffusion_katas.engine.comparison import scenario_mismatch
 
         expected = scenario.expected
-        if self.failing_dependencies() or type(out) is not torch.Tensor or type(expected) is not torch.Tensor:
+        if self.failing_dependencies():
+            return None
+        if type(out) in (tuple, list) and type(expected) is type(out) and len(out) == len(expected):
+            return self._dtype_trap_in_sequence(scenario, out, tol)
+        if type(out) is not torch.Tensor or type(expected) is not torch.Tensor:
             return None
         if out.shape != expected.shape or out.dtype == expected.dtype or not (
                 out.is_floating_point() and expected.is_floating_point()):
