@@ -115,3 +115,76 @@ def test_verbose_runs_show_how_close_each_passing_budget_came_to_its_allowance(t
     result.stdout.fnmatch_lines(["*= budgets: measured of allowed =*",
                                  "*double · one output-sized allocation: peak live tensor bytes: * of * (*x)*"])
     assert "measured of allowed" not in toy.run("katas", "-m", "budget").stdout.str()
+
+
+class _SimulatedGpu:
+    """One CUDA stream on a simulated clock: the CPU spends `launch` seconds queueing each kernel, the GPU runs
+    them in order, each from when it is queued or the one before it ends, whichever is later."""
+
+    def __init__(self, launch: float, kernel: float):
+        self.launch, self.kernel = launch, kernel
+        self.cpu = 0.0  # what time.perf_counter reads
+        self.gpu_free = 0.0  # when the GPU finishes what is queued
+
+    def _queue(self, seconds: float) -> float:
+        self.cpu += self.launch
+        self.gpu_free = max(self.gpu_free, self.cpu) + seconds
+        return self.gpu_free
+
+    def work(self, kernels: int):
+        for _ in range(kernels):
+            self._queue(self.kernel)
+
+    def patch(self, monkeypatch):
+        import time
+
+        import torch
+
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = gpu.gpu_free if gpu.gpu_free > gpu.cpu else gpu.cpu
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1000
+
+        def synchronize():
+            gpu.cpu = max(gpu.cpu, gpu.gpu_free)
+
+        def sleep(cycles):
+            gpu._queue(cycles / 1e9)  # a 1 GHz spin
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+        monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+        monkeypatch.setattr(time, "perf_counter", lambda: gpu.cpu)
+        from diffusion_katas.engine import meters
+
+        monkeypatch.setattr(meters, "_SPIN_RATE", [])
+
+
+@pytest.mark.parametrize("launch_us", [5, 30, 60])
+def test_gpu_time_is_the_kernels_own_however_slowly_the_cpu_queues_them(monkeypatch, launch_us):
+    # 290 launches of 36 µs kernels (lab 11's chunked attention, 16 blocks): with 30 or 60 µs of Python per launch
+    # (the answer-key lock's modes in a runner) the CPU, not the GPU, would set a time taken around the launches
+    from diffusion_katas.engine.meters import cuda_time_ms
+
+    gpu = _SimulatedGpu(launch=launch_us * 1e-6, kernel=36e-6)
+    gpu.patch(monkeypatch)
+    measured = cuda_time_ms(lambda: gpu.work(290))
+    assert measured == pytest.approx(290 * 36e-3, rel=0.01)
+
+
+def test_gpu_time_without_a_spin_kernel_is_timed_around_the_launches_as_before(monkeypatch):
+    import torch
+
+    from diffusion_katas.engine.meters import cuda_time_ms
+
+    gpu = _SimulatedGpu(launch=60e-6, kernel=36e-6)
+    gpu.patch(monkeypatch)
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    assert cuda_time_ms(lambda: gpu.work(290)) == pytest.approx(290 * 60e-3, rel=0.01)
