@@ -411,21 +411,34 @@ class CodeLock:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         forbidden, kata = self.forbidden_ops, self.kata
+        # What was let through, by the function itself: these modes see every op of the learner's call, each seen
+        # op costing the lock's profile hook a Python call or more (a chunked attention's 290 ops per call).
+        allowed: set = set()
 
         def check(func) -> None:
             name = getattr(func, "__name__", "") + " " + str(func)
             for op in forbidden:
                 if op in name:
                     raise _answer_key_error(f"`{kata}`", f"torch's {op} ({getattr(func, '__name__', func)})")
+            try:
+                allowed.add(func)
+            except TypeError:  # unhashable: read again each time
+                pass
 
         class RefuseFunctions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
-                check(func)
+                try:
+                    seen = func in allowed
+                except TypeError:
+                    seen = False
+                if not seen:
+                    check(func)
                 return func(*args, **(kwargs or {}))
 
         class RefuseKernels(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                check(func)
+                if func not in allowed:  # an OpOverload: hashable
+                    check(func)
                 return func(*args, **(kwargs or {}))
 
         return [RefuseFunctions(), RefuseKernels()]
