@@ -33,8 +33,8 @@ def describe(value: Any) -> str:
         shapes = ", ".join(str(tuple(v.shape)) for v in value[:4]) + (", …" if len(value) > 4 else "")
         return f"{type(value).__name__} of {len(value)} {value[0].dtype} tensors {shapes}"
     if isinstance(value, (list, tuple)) and len(value) > 6:
-        text = repr(value)
-        if _plain(value) and len(text) <= 240:  # names, counts: short enough to read whole
+        text = repr(value) if _plain(value) else ""
+        if text and len(text) <= 240:  # names, counts: short enough to read whole
             return text
         return f"{type(value).__name__} of {len(value)}"
     if isinstance(value, torch.Generator):
@@ -42,11 +42,30 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.nn.Module):
         n = sum(p.numel() for p in value.parameters())
         return f"{type(value).__name__}({n:,} parameters)"
+    if isinstance(value, (list, tuple, dict)) and not _plain(value.values() if isinstance(value, dict) else value):
+        # tensors, models or objects inside: each by its short form, never their repr (a tensor's prints its values:
+        # milliseconds each, for a line most checks never show)
+        if isinstance(value, dict):
+            text = "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in list(value.items())[:6]) \
+                + (", …" if len(value) > 6 else "") + "}"
+        else:
+            text = ("[%s]" if isinstance(value, list) else "(%s)") % ", ".join(_short(v) for v in value)
+        return text if len(text) <= 240 else text[:237] + "..."
     text = repr(value)
     if "\n" in text or (len(text) > 80 and not isinstance(value, (str, list, tuple, dict))):
         return type(value).__name__  # schedulers and other objects with a many-line repr
     limit = 240 if isinstance(value, (list, tuple)) and _plain(value) else 80
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _short(value: Any) -> str:
+    """A value inside a container, for `describe`: a tensor as Tensor(shape; dtype), the rest as describe says."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"Tensor({tuple(value.shape)}; {value.dtype})"
+    text = describe(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _plain(value: Any, depth: int = 0) -> bool:

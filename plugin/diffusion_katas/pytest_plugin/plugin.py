@@ -189,6 +189,11 @@ def pytest_configure(config: pytest.Config) -> None:
         sandbox.open_to_box(course.katas)  # a class's box reads its kata folder (where one was given: KATA_BOX)
         # Start the runners' warm parent now: its imports overlap with this process's collection.
         Zygote.shared()
+        # No collections while the graders import torch's, diffusers' and transformers' modules (each full one
+        # walked the whole growing heap: eight, 0.9 s, during a course's collection); what they import lives to
+        # the end and is frozen once collected (pytest_collection_modifyitems), the collector on again there.
+        gc.disable()
+        config.add_cleanup(gc.enable)
 
 
 def _grades_katas(config: pytest.Config, folders) -> bool:
@@ -301,6 +306,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             # it out of the collector's sight for this run, so collections walk only what grading creates.
             gc.freeze()
             _freeze_at_exit()
+        gc.enable()
     if any(item.get_closest_marker("cuda") for item in items):
         import torch
 
