@@ -87,11 +87,13 @@ def zygote(control_fd: int) -> None:
 
     atexit.register(shutil.rmtree, _SCRATCH[0], True)  # should anything end it another way
     signal.signal(signal.SIGTERM, end)
+    gc.disable()  # imports only: each full collection would walk the whole growing heap (frozen before each fork)
     for name in PRELOAD:
         try:
             __import__(name)
         except Exception:  # noqa: BLE001  (a missing optional module only costs a runner its warm start)
             pass
+    gc.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the grader's to handle
     _prepare_runners()
     loaded: dict[str, tuple[str, int]] = {}
@@ -117,7 +119,11 @@ def zygote(control_fd: int) -> None:
         command = pickle.loads(message)
         if command["op"] == "load":  # a grader, loaded once here so that every runner starts with it
             before = dict(loaded)
-            answer = _load_graders(command, loaded)
+            gc.disable()  # as for PRELOAD
+            try:
+                answer = _load_graders(command, loaded)
+            finally:
+                gc.enable()
             if loaded != before:
                 _LOCKS.clear()
             # the sandbox's plan again only where a grader was (re)loaded; the size always (the graders' and their
