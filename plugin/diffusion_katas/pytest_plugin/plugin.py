@@ -305,6 +305,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             # Everything imported so far (torch, diffusers, the graders) lives until the process ends: move
             # it out of the collector's sight for this run, so collections walk only what grading creates.
             gc.freeze()
+            config.stash[state.SESSION].heap_frozen = True
             _freeze_at_exit()
         gc.enable()
     if any(item.get_closest_marker("cuda") for item in items):

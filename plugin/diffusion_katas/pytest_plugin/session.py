@@ -44,6 +44,8 @@ class KataSession:
     opened_ahead: list = field(default_factory=list)
     # --kata-reuse-builds (the warm grader of `kata watch`): built references kept between gradings.
     reuse_builds: bool = False
+    # Whether this run froze what collection imported (gc.freeze): each kata file's setup then freezes again.
+    heap_frozen: bool = False
     _recorded_failures: set | None = field(default=None, repr=False)
 
     def close_runners_opened_ahead(self) -> None:
