@@ -403,6 +403,12 @@ def _(sample, sigma, sigma_data=0.5):
     return _inputs(sample, sigma, lambda s: 1 / (s**2 + sigma_data**2) ** 0.5, lambda s: s.log())
 
 
+@edm_model_inputs.trap("c_noise = ln(σ/4) (the ¼ inside the log)",
+                       hint="c_noise = ¼·ln σ: the quarter multiplies the log (ln(σ/4) = ln σ − ln 4 only shifts it).")
+def _(sample, sigma, sigma_data=0.5):
+    return _inputs(sample, sigma, lambda s: 1 / (s**2 + sigma_data**2) ** 0.5, lambda s: (s / 4).log())
+
+
 @edm_model_inputs.trap("one σ for the whole batch (the first sample's)",
                        hint="Each sample has its own σ: broadcast c_in as (B, 1, 1, 1).")
 def _(sample, sigma, sigma_data=0.5):
@@ -609,6 +615,24 @@ def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="
     c_in = 1 / (s**2 + sigma_data**2) ** 0.5
     denoised = _denoised(model_output, (x * c_in).to(sample.dtype), sigma, sigma_data, prediction_type).double()
     return (x + (sigma_next.double() - s) * (x - denoised) / s).to(model_output.dtype)
+
+
+@edm_euler_step.trap("x̂₀ preconditioned at σ_next (the σ the step goes to), not at σ",
+                     hint="The network was called at σ: x̂₀ = c_skip(σ)·x + c_out(σ)·F, with the σ of this rung; "
+                          "σ_next only sets how far the step goes.")
+def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
+    x = sample.double()
+    d = (x - _denoised(model_output, sample, sigma_next, sigma_data, prediction_type)) / sigma.double()
+    return (x + (sigma_next.double() - sigma.double()) * d).to(model_output.dtype)
+
+
+@edm_euler_step.trap("the slope divided by σ_next, not σ", nonfinite=True,
+                     hint="d = (x − x̂₀)/σ, the slope where the sample is now; divided by σ_next it is infinite at the "
+                          "last step (σ_next = 0).")
+def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
+    x = sample.double()
+    d = (x - _denoised(model_output, sample, sigma, sigma_data, prediction_type)) / sigma_next.double()
+    return (x + (sigma_next.double() - sigma.double()) * d).to(model_output.dtype)
 
 
 @edm_euler_step.trap("left in float32 for a float16 model",

@@ -111,6 +111,14 @@ def _(n, N, T):
     return [round(T - j * T / n) - 1 for j in range(n)]
 
 
+@_ladder_trap("indices rounded (round(j·N/n)), not floored",
+              "The picks are index_j = floor(j·N/n): integer division j·N // n (n = 3, N = 50: 0, 16, 33).")
+def _(n, N, T):
+    k = T // N
+    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
+    return [origin[min(round(j * N / n), N - 1)] for j in range(n)]
+
+
 @_ladder_trap("distillation ladder k·i without the − 1",
               "The rungs are k·i − 1 for i = 1 … N (19, 39, …, 999): they end at T − 1, the last training timestep.")
 def _(n, N, T):
@@ -197,6 +205,14 @@ def _(timestep, timestep_scaling=10.0):
                              "is 100× too large at every t.")
 def _(timestep, timestep_scaling=10.0):
     return _scalings(timestep, 1.0)
+
+
+@boundary_scalings.trap("EDM's c_out (σ_d·τ/√(τ² + σ_d²))",
+                        hint="LCM's boundary c_out = τ/√(τ² + σ_d²), without EDM's σ_d factor: it tends to 1 at large t, "
+                             "so the model's x̂₀ passes through whole.")
+def _(timestep, timestep_scaling=10.0):
+    c_skip, c_out = _scalings(timestep, timestep_scaling)
+    return c_skip, 0.5 * c_out
 
 
 @boundary_scalings.trap("c_out without the square root (τ/(τ² + σ_d²))",
@@ -419,6 +435,14 @@ def _(num_inference_steps, alphas_cumprod):
 def _(num_inference_steps, alphas_cumprod):
     n, T = num_inference_steps, alphas_cumprod.shape[0]
     return _turbo(torch.linspace(0, T - 1, n).round().flip(0).tolist(), alphas_cumprod)
+
+
+@turbo_schedule.trap("t_j floored (int(T − j·T/n) − 1), not rounded",
+                     hint="diffusers rounds the trailing grid: np.round(np.arange(T, 0, −T/n)) − 1 (n = 3: 999, 666, "
+                          "332, where flooring gives 999, 665, 332).")
+def _(num_inference_steps, alphas_cumprod):
+    n, T = num_inference_steps, alphas_cumprod.shape[0]
+    return _turbo([int(T - j * T / n) - 1 for j in range(n)], alphas_cumprod)
 
 
 @turbo_schedule.trap("no terminal σ = 0 (n sigmas instead of n + 1)",

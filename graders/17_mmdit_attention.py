@@ -120,7 +120,7 @@ def _(case, g):
 
 def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, text_to_out=False,
            no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False, split_text_first=False,
-           scale_over_d=False):
+           scale_over_d=False, no_text_norm=False):
     """Joint attention with one misconception switched on (for traps); all off = correct."""
     heads, n = attn.heads, x.shape[1]
     sdpa = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=1 / q.shape[-1])) if scale_over_d \
@@ -138,7 +138,7 @@ def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, 
 
     with torch.no_grad():
         img = qkv(x, attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k)
-        txt = qkv(c, *txt_layers)
+        txt = qkv(c, *txt_layers[:3], None, None) if no_text_norm else qkv(c, *txt_layers)
         if separate:
             o_img = _merge(sdpa(*img))
             o_txt = _merge(sdpa(*txt))
@@ -220,6 +220,13 @@ def _(attn, hidden_states, encoder_hidden_states):
                            "norm_added_k (text) act on each head's q and k before the concatenation.")
 def _(attn, hidden_states, encoder_hidden_states):
     return _joint(attn, hidden_states, encoder_hidden_states, no_norm=True)
+
+
+@joint_attention.trap("the text's qk-norm skipped (norm_added_q / norm_added_k)",
+                      hint="With qk_norm, the text stream is normalized too: norm_added_q and norm_added_k act on the "
+                           "text's q and k per head, as norm_q and norm_k on the image's.")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, no_text_norm=True)
 
 
 @joint_attention.trap("the scores scaled by 1/d instead of 1/√d",
@@ -346,7 +353,7 @@ def _case_ids(case, g):
 
 
 def _tables(ids, theta, axes_dim, *, halves=False, single_step=False, swap=False, dtype=torch.float64,
-            total_width=False):
+            total_width=False, linspace=False):
     cos, sin = [], []
     for i, d in enumerate(axes_dim):
         if total_width:  # every axis's frequencies over the whole width, not its own
@@ -357,6 +364,8 @@ def _tables(ids, theta, axes_dim, *, halves=False, single_step=False, swap=False
             sin.append(a.sin().repeat_interleave(2, 1))
             continue
         exponent = torch.arange(0, d // 2, dtype=dtype) / d if single_step else torch.arange(0, d, 2, dtype=dtype) / d
+        if linspace:  # the exponents spread over [0, 1], the last one reaching θ^(−1)
+            exponent = torch.linspace(0, 1, d // 2, dtype=dtype)
         a = ids[:, i].to(dtype)[:, None] * (1.0 / theta ** exponent)[None]
         c, s = (a.sin(), a.cos()) if swap else (a.cos(), a.sin())
         if halves:
@@ -392,6 +401,9 @@ _rope_trap("each axis's frequencies over the whole width (d = sum(axes_dim))",
            "Each axis is a rotary embedding of its own: axis i's frequencies are θ^(−2j/d_i) with d_i = axes_dim[i], "
            "j < d_i/2.", total_width=True)
 _rope_trap("cos and sin swapped", "The first table is the cosine of the angles, the second the sine.", swap=True)
+_rope_trap("exponents linspace(0, 1, d/2) instead of 2j/d",
+           "The exponents are 2j/d for j = 0 … d/2 − 1 (arange(0, d, 2) / d): they stop short of 1, at (d − 2)/d.",
+           linspace=True)
 
 
 # ---- rotary_attention -------------------------------------------------------------------------------

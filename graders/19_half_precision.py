@@ -227,8 +227,10 @@ def _left_as_it_came(dtype: str):
         if moves and moves[-1] != dtype:
             raise KataFailure(
                 f"  the VAE came in as {dtype} and your function left it in {moves[-1]} (its moves: "
-                f"{' → '.join(moves)}): put it back after the decode, as StableDiffusionXLPipeline does "
-                "(vae.to(dtype=torch.float16)), or every later call on it pays the float32 cost",
+                f"{' → '.join(moves)})\n"
+                f"  trap: the VAE left in {moves[-1]} after the decode (never put back)\n"
+                "    Put it back after the decode, as StableDiffusionXLPipeline does (vae.to(dtype=torch.float16)), "
+                "or every later call on it pays the float32 cost.",
                 detail="the VAE left in another dtype")
     return verify
 

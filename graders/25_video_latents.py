@@ -322,7 +322,7 @@ def _(case, g):
 
 
 def _rotary(attention_head_dim, patch_size, num_frames, height, width, theta=10000.0, *, split=None,
-            interleave=True, order=(0, 1, 2), per_voxel=False, corner=False):
+            interleave=True, order=(0, 1, 2), per_voxel=False, corner=False, head_wide=False):
     D = attention_head_dim
     dims = split(D) if split else (D - 4 * (D // 6), 2 * (D // 6), 2 * (D // 6))
     n = (num_frames, height, width) if per_voxel else (num_frames // patch_size[0], height // patch_size[1],
@@ -332,7 +332,7 @@ def _rotary(attention_head_dim, patch_size, num_frames, height, width, theta=100
     angles = []
     for axis in order:
         dim, pos = dims[axis], grids[axis]
-        freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / (D if head_wide else dim))
         a = pos[..., None] * freqs
         angles.append(a.repeat_interleave(2, dim=-1) if interleave else torch.cat([a, a], dim=-1))
     a = torch.cat(angles, dim=-1).reshape(1, -1, 1, D)
@@ -356,6 +356,9 @@ _rotary_trap("the axes in another order (rows, columns, frames)",
 _rotary_trap("positions per latent voxel, not per patch",
              "A token is a patch: with (1, 2, 2) patches there are H/2 row positions, not H. Divide each axis by its "
              "patch size first.", per_voxel=True)
+_rotary_trap("each axis's frequencies over the whole head (θ^(2j/D)), not its own width",
+             "Each axis is a rotary table of its own: angle_j = p / θ^(2j/d) with d that axis's share of D (d_f, d_h "
+             "or d_w), not D itself.", head_wide=True)
 _rotary_trap("positions counted in latent voxels (the patch's corner), not in patches",
              "A patch's position is its index on the patch grid (0, 1, 2, …), not its first voxel's (0, 2, 4, …).",
              corner=True)
@@ -403,7 +406,8 @@ def _(case, g):
                     label=f"{F}×{H}×{W} latents, patches {p}")
 
 
-def _unpatch(tokens, num_frames, height, width, patch_size, *, channels_first=False, order="fhw"):
+def _unpatch(tokens, num_frames, height, width, patch_size, *, channels_first=False, order="fhw",
+             patch_outer=False):
     B = tokens.shape[0]
     p_t, p_h, p_w = patch_size
     F_, H_, W_ = num_frames // p_t, height // p_h, width // p_w
@@ -414,6 +418,8 @@ def _unpatch(tokens, num_frames, height, width, patch_size, *, channels_first=Fa
     x = grid.reshape(B, F_, H_, W_, -1, p_t, p_h, p_w) if channels_first else grid.reshape(B, F_, H_, W_, p_t, p_h,
                                                                                             p_w, -1)
     x = x.permute(0, 4, 1, 5, 2, 6, 3, 7) if channels_first else x.permute(0, 7, 1, 4, 2, 5, 3, 6)
+    if patch_outer:  # each pair merged patch-major: index p·F' + f instead of f·p_t + p
+        x = x.permute(0, 1, 3, 2, 5, 4, 7, 6)
     return x.reshape(B, x.shape[1], F_ * p_t, H_ * p_h, W_ * p_w)
 
 
@@ -427,6 +433,13 @@ def _(tokens, num_frames, height, width, patch_size):
                        hint="Tokens run frame-major, then row, then column: n = (f·H' + h)·W' + w.")
 def _(tokens, num_frames, height, width, patch_size):
     return _unpatch(tokens, num_frames, height, width, patch_size, order="fwh")
+
+
+@unpatchify_video.trap("each patch axis merged before its grid axis (frame p·F' + f, not f·p_t + p)",
+                       hint="A patch's voxels sit next to each other: frame f·p_t + p of patch row f, so permute to "
+                            "(B, C, F', p_t, H', p_h, W', p_w), each grid axis just before its patch axis, then merge.")
+def _(tokens, num_frames, height, width, patch_size):
+    return _unpatch(tokens, num_frames, height, width, patch_size, patch_outer=True)
 
 
 # ---- decode_to_uint8 ------------------------------------------------------------------------------------
@@ -502,17 +515,19 @@ def _(case, g):
                           f"{expected.shape[2]}×{expected.shape[3]}")
 
 
-def _pixels(vae, latents, *, clamp=True, rounding=True, layout="BFHWC"):
+def _pixels(vae, latents, *, clamp=True, rounding=True, layout="BFHWC", post_quant_conv=True):
     with torch.no_grad():
-        video = vae.decode(latents).sample if clamp else _unclamped(vae, latents)
+        video = vae.decode(latents).sample if clamp and post_quant_conv else \
+            _unclamped(vae, latents, post_quant_conv)
+        video = video.clamp(-1, 1) if clamp else video
     x = (video / 2 + 0.5) * 255
     x = (x.round() if rounding else x).to(torch.uint8) if clamp else x.round().to(torch.int64).to(torch.uint8)
     return x.permute(0, 2, 3, 4, 1) if layout == "BFHWC" else x.permute(0, 2, 1, 3, 4)
 
 
-def _unclamped(vae, latents):
+def _unclamped(vae, latents, post_quant_conv=True):
     vae.clear_cache()
-    x = vae.post_quant_conv(latents)
+    x = vae.post_quant_conv(latents) if post_quant_conv else latents
     chunks = []
     for i in range(latents.shape[2]):
         vae._conv_idx = [0]
@@ -536,6 +551,13 @@ def _(vae, latents):
                            "become 280, which is no uint8 (converted, it wraps: 24 on the usual CPU path).")
 def _(vae, latents):
     return _pixels(vae, latents, clamp=False)
+
+
+@decode_to_uint8.trap("post_quant_conv skipped (the latents fed to the decoder as they are)",
+                      hint="AutoencoderKLWan.decode runs vae.post_quant_conv on the latents first (a 1×1×1 conv), then "
+                           "the decoder frame by frame: x = vae.post_quant_conv(latents).")
+def _(vae, latents):
+    return _pixels(vae, latents, post_quant_conv=False)
 
 
 # ---- the decode's memory --------------------------------------------------------------------------------

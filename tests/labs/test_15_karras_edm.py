@@ -110,6 +110,7 @@ MUTANTS = [
     ("edm_model_inputs",  # float32 scaled sample for a float16 network
      inputs_body(cast=".float()"), Fails("wrong", "has dtype")),
     ("edm_model_inputs", inputs_body(c_noise="0.25 * s.log10()"), "c_noise = ¼·log10 σ"),
+    ("edm_model_inputs", inputs_body(c_noise="(s / 4).log()"), "c_noise = ln(σ/4)"),  # a blind learner's
     ("edm_denoised",
      denoised_body(c_skip="k * s * sigma_data / (s ** 2 + sigma_data ** 2) ** 0.5",
                    c_out="sigma_data ** 2 / (s ** 2 + sigma_data ** 2)"), "c_skip and c_out swapped"),
@@ -131,7 +132,13 @@ MUTANTS = [
      "the step taken back up in noise"),
     ("edm_euler_step", step_body(cast=""), "left in float32 for a float16 model"),
     ("edm_euler_step",  # the slope divided by σ_next (infinite at the last step, wrong before it)
-     step_body(update="x + (sigma_next - sigma) * (x - d0) / sigma_next"), Fails("wrong")),
+     step_body(update="x + (sigma_next - sigma) * (x - d0) / sigma_next"), "the slope divided by σ_next"),
+    ("edm_euler_step",  # a blind learner's: x̂₀ preconditioned at σ_next
+     """
+    d0 = edm_denoised(sample, model_output, sigma_next.reshape(1).expand(sample.shape[0]), sigma_data, prediction_type)
+    x = sample.float()
+    return (x + (sigma_next - sigma) * (x - d0) / sigma).to(model_output.dtype)
+    """, "x̂₀ preconditioned at σ_next"),
     ("edm_euler_step",  # the slope's sign flipped: (x̂₀ − x)/σ walks away from the data
      step_body(update="x + (sigma_next - sigma) * (d0 - x) / sigma"), "the step taken back up in noise"),
     ("edm_euler_step",  # x̂₀ mixed from the network's input c_in·x (the skip term on the scaled sample)

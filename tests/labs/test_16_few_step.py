@@ -138,6 +138,12 @@ MUTANTS = [
     ("turbo_schedule", turbo_body(t="[(T // n) * j + 1 for j in range(n)][::-1]"), "leading spacing with steps_offset"),
     ("turbo_schedule", turbo_body(t="torch.linspace(0, T - 1, n).round().flip(0).tolist()"), "linspace spacing"),
     ("turbo_schedule", turbo_body(out="timesteps, sigmas"), "no terminal σ = 0"),
+    ("turbo_schedule",  # a blind learner's: the trailing grid floored (int) where diffusers rounds
+     turbo_body(t="[int(T - j * T / n) - 1 for j in range(n)]"), "t_j floored"),
+    ("boundary_scalings",  # a blind learner's: EDM's c_out, σ_d·τ/√(τ² + σ_d²)
+     scalings_body(c_out="0.5 * tau / (tau**2 + sd2) ** 0.5"), "EDM's c_out"),
+    ("lcm_timesteps",  # a blind learner's: the evenly spaced picks rounded, not floored
+     ladder_body(index="torch.tensor([round(j * N / n) for j in range(n)])"), "indices rounded"),
     ("turbo_schedule", turbo_body(table="(1 - alphas_cumprod) ** 0.5"), "DDPM's σ = √(1 − ᾱ)"),
     ("turbo_schedule",  # an integer stride T // n: 999, 666, 333 for n = 3 (trailing rounds T − j·T/n: 332)
      turbo_body(t="[T - j * (T // n) - 1 for j in range(n)]"), Fails("wrong", "values differ")),

@@ -161,6 +161,11 @@ MUTANTS = [
      "two separate attentions"),
     ("joint_attention", joint_body(text_out="attn.to_out[0](text)"), "text output through the image's to_out"),
     ("joint_attention", joint_body(norm="pass"), "qk-norm skipped"),
+    ("joint_attention",  # a blind learner's: the image's qk-norm applied, the text's forgotten
+     joint_body(txt="attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, None, None"), "the text's qk-norm skipped"),
+    ("rope_cos_sin",  # a blind learner's: the exponents spread over [0, 1]
+     rope_body(omega="1.0 / theta ** torch.linspace(0, 1, d // 2, dtype=torch.float64)"),
+     "exponents linspace(0, 1, d/2)"),
     ("joint_attention",  # the text's own projections, but the image's qk-norm on them
      joint_body(txt="attn.add_q_proj, attn.add_k_proj, attn.add_v_proj, attn.norm_q, attn.norm_k"),
      Fails("wrong", "values differ")),

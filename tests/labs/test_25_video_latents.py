@@ -109,6 +109,12 @@ MUTANTS = [
      "positions counted in latent voxels"),
     ("rotary_3d",  # θ hard-coded to 10000 (right for every Wan config, not for the case that sets it)
      rotary_body().replace("theta **", "10000.0 **"), Fails("wrong", "")),
+    ("rotary_3d",  # a blind learner's: every axis's frequencies over the whole head dim D
+     rotary_body().replace("/ d)", "/ D)"), "each axis's frequencies over the whole head"),
+    ("unpatchify_video",  # a blind learner's: each pair merged patch-major
+     unpatch_body(perm="(0, 7, 4, 1, 5, 2, 6, 3)"), "each patch axis merged before its grid axis"),
+    ("decode_to_uint8",  # a blind learner's: the latents straight into the decoder
+     decode_body().replace("x = vae.post_quant_conv(latents)", "x = latents"), "post_quant_conv skipped"),
     ("unpatchify_video", unpatch_body(grid="tokens.reshape(B, F_, H_, W_, -1, p_t, p_h, p_w)",
                                       perm="(0, 4, 1, 5, 2, 6, 3, 7)"), "each token's vector read channels first"),
     ("unpatchify_video", unpatch_body(grid="tokens.reshape(B, F_, W_, H_, p_t, p_h, p_w, -1).transpose(2, 3)"),
