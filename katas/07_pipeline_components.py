@@ -42,7 +42,8 @@ Precision:
     The course's one policy (lab 01 states it): return the dtype asked for, and compute as wide as you
     like. The noise itself is not arithmetic: draw it in `dtype` from the generator(s) exactly as
     diffusers does (randn_tensor: one call for one generator, one (1, C, h, w) call per generator of a
-    list), since a float32 draw cast to float16 is other numbers. The one multiplication, ε·σ_init,
+    list): a float32 draw cast to float16 is other numbers (on a CPU, the last block of 16 where C·h·w is no
+    multiple of 16) and leaves the generator elsewhere. The one multiplication, ε·σ_init,
     diffusers does in the latents' dtype; the grader also knows it in exact float64 math and accepts an
     answer about as close to that as diffusers' own, so multiplying in float64 and casting passes.
     Each generator must also be left where diffusers leaves it: draw nothing more, nothing less.
