@@ -228,6 +228,17 @@ def _(num_inference_steps, num_train_timesteps=1000, timestep_spacing="linspace"
     return grid(num_inference_steps, num_train_timesteps, timestep_spacing, steps_offset).to(torch.float32)
 
 
+@euler_timesteps.trap("steps_offset added to every spacing (only 'leading' takes it)",
+                      hint="diffusers adds steps_offset to the 'leading' grid alone: 'linspace' runs from T − 1 down "
+                           "to 0 and 'trailing' from T − 1 down, whatever the offset.")
+def _(num_inference_steps, num_train_timesteps=1000, timestep_spacing="linspace", steps_offset=0):
+    T = num_train_timesteps
+    if timestep_spacing == "linspace":
+        t = torch.linspace(0, T - 1, num_inference_steps, dtype=torch.float64).flip(0)
+        return (t + steps_offset).to(torch.float32)
+    return grid(num_inference_steps, T, timestep_spacing, steps_offset, offset_everywhere=True).to(torch.float32)
+
+
 @euler_timesteps.trap("ascending order (the grid was not reversed)",
                       hint="The noisiest timestep comes first: reverse the grid.")
 def _(num_inference_steps, num_train_timesteps=1000, timestep_spacing="linspace", steps_offset=0):
@@ -329,7 +340,7 @@ def _interp(table, timesteps):
 
 
 def wrong_sigmas(alphas_cumprod, timesteps, interpolation_type="linear", final_sigmas_type="zero", *,
-                 no_floor=False, final_zero=False, log_at_timesteps=False):
+                 no_floor=False, final_zero=False, log_at_timesteps=False, final_ladder_min=False):
     """The σ ladder with one misconception switched on (all switches off = correct)."""
     ac = alphas_cumprod if no_floor else alphas_cumprod.clamp(min=2**-24)
     table = _table(ac).double()
@@ -340,6 +351,8 @@ def wrong_sigmas(alphas_cumprod, timesteps, interpolation_type="linear", final_s
     else:
         body = _interp(table, timesteps)
     last = table[:1] if final_sigmas_type == "sigma_min" and not final_zero else body.new_zeros(1)
+    if final_ladder_min and final_sigmas_type == "sigma_min":  # the ladder's own last σ, not the table's σ_0
+        last = body.min().reshape(1)
     return torch.cat([body, last]).to(torch.float32)
 
 
@@ -353,6 +366,13 @@ def _(**kw):
                         "trained σ; only 'zero' ends it at 0.")
 def _(**kw):
     return wrong_sigmas(**kw, final_zero=True)
+
+
+@euler_sigmas.trap("'sigma_min' read as the ladder's smallest σ (σ at the last timestep), not the table's σ_0",
+                   hint="final_sigmas_type='sigma_min' appends σ_0 = √((1 − ᾱ_0)/ᾱ_0), the σ of training timestep 0, "
+                        "whatever the ladder's last timestep is (t = 1 with 'leading' spacing and steps_offset 1).")
+def _(**kw):
+    return wrong_sigmas(**kw, final_ladder_min=True)
 
 
 @euler_sigmas.trap("'log_linear' read as log σ interpolated at the timesteps",
@@ -472,6 +492,8 @@ euler_scale_model_input = Kata(
     dict(shape=(2, 4, 8, 8), dtype="float32", n=10, spacing="linspace"),
     dict(shape=(1, 4, 16, 16), dtype="float16", n=5, spacing="leading", offset=1),
     dict(shape=(3, 3, 8, 8), dtype="float32", n=4, spacing="trailing", zero_snr=True),
+    # float16 at zero terminal SNR: σ ≈ 4096, whose square no float16 holds (diffusers keeps σ float32)
+    dict(shape=(2, 4, 8, 8), dtype="float16", n=4, spacing="trailing", zero_snr=True),
 ])
 def _(case, g):
     case = dict(case)
@@ -507,6 +529,14 @@ def _(sample, sigma):
                               hint="Divide by the std √(σ² + 1), not the variance σ² + 1.")
 def _(sample, sigma):
     return sample / (sigma**2 + 1)
+
+
+@euler_scale_model_input.trap("σ cast to the sample's float16 before squaring (σ² overflows past 256)",
+                              hint="Keep σ float32 (diffusers does): at zero terminal SNR σ ≈ 4096, and σ² = 1.7e7 is "
+                                   "inf in float16, which turns the whole input to 0.")
+def _(sample, sigma):
+    s = sigma.to(sample.dtype)
+    return sample / (s * s + 1).sqrt()
 
 
 # ---- euler_step -------------------------------------------------------------------------------------

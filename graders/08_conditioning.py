@@ -313,6 +313,16 @@ def _(latents, patch_size):
     return latents.reshape(B, (H // patch_size) * (W // patch_size), C * patch_size * patch_size)
 
 
+@patchify.trap("H and W split as (p, H/p): each token gathers pixels H/p apart, not a p×p block",
+               hint="A patch is p neighbouring rows and columns: split H into (H/p, p), the grid index first and the "
+                    "offset inside the patch last (reshape(B, C, H/p, p, W/p, p)), then permute.")
+def _(latents, patch_size):
+    B, C, H, W = latents.shape
+    p = patch_size
+    x = latents.reshape(B, C, p, H // p, p, W // p).permute(0, 3, 5, 1, 2, 4)
+    return x.reshape(B, (H // p) * (W // p), C * p * p)
+
+
 # ---- unpatchify -------------------------------------------------------------------------------------
 @functools.cache
 def _transformer_classes():

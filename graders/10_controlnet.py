@@ -206,6 +206,15 @@ def _(features, weight, bias):
     return torch.einsum("oc,bchw->bohw", weight[:, :, 0, 0], features + bias[None, :, None, None])
 
 
+@zero_conv.trap("channels moved last with reshape, not permute (pixels and channels scrambled)",
+                hint="reshape keeps the memory order: (B, C, H, W).reshape(B, H·W, C) does not put a pixel's channels "
+                     "together. Use features.permute(0, 2, 3, 1) (and back), or einsum('oc,bchw->bohw').")
+def _(features, weight, bias):
+    B, C, H, W = features.shape
+    out = features.reshape(B, H * W, C) @ weight[:, :, 0, 0].T + bias
+    return out.reshape(B, weight.shape[0], H, W)
+
+
 # ---- scale_control_residuals ------------------------------------------------------------------------
 scale_control_residuals = Kata(
     "scale_control_residuals",
@@ -640,7 +649,7 @@ _DOUBLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module ->
 
 def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negative_prompt_embeds, control_image,
           guidance_scale, conditioning_scale, guess_mode, *, control="normal", swap_halves=False,
-          pass_scale=True, pass_guess=True, scaled=True, control_scaled=True, step_scaled=False):
+          pass_scale=True, pass_guess=True, scaled=True, control_scaled=True, step_scaled=False, scale_twice=False):
     """One step with a chosen mistake; control: "guess" (right), "guess both halves", "guess zeros last";
     scaled: the models' input through scale_model_input (control_scaled: ControlNet's too), step_scaled: the
     scaled latents given to scheduler.step."""
@@ -669,6 +678,8 @@ def _step(unet, controlnet, scheduler, latents, timestep, prompt_embeds, negativ
             down, mid = controlnet(control_x2, timestep, encoder_hidden_states=text,
                                    controlnet_cond=torch.cat([control_image] * 2), guess_mode=guess,
                                    return_dict=False, **extra)
+        if scale_twice:  # the residuals, already scaled inside ControlNet, multiplied by the scale again
+            down, mid = [d * conditioning_scale for d in down], mid * conditioning_scale
         noise = unet(x2, timestep, encoder_hidden_states=text, down_block_additional_residuals=down,
                      mid_block_additional_residual=mid).sample
     u, c = noise.chunk(2)
@@ -726,6 +737,14 @@ def _(**kw):
                                "residual keeps scale 1.0.")
 def _(**kw):
     return _step(**kw, control="guess", pass_scale=False)
+
+
+@controlnet_cfg_step.trap("conditioning_scale applied twice (passed to the ControlNet, then its residuals multiplied "
+                          "by it again)",
+                          hint="ControlNet scales its residuals itself when given conditioning_scale (and the guess "
+                               "ladder with it): pass it once, and add the residuals it returns as they are.")
+def _(**kw):
+    return _step(**kw, control="guess", scale_twice=True)
 
 
 @controlnet_cfg_step.trap("the unconditional and conditional predictions swapped in the guidance",

@@ -91,6 +91,21 @@ MUTANTS = [
     ("euler_timesteps",
      "return inference_timesteps(num_inference_steps, num_train_timesteps, timestep_spacing, steps_offset)",
      "DDIM's int64 timesteps reused"),
+    ("euler_timesteps",  # a blind learner's: steps_offset added whatever the spacing
+     """
+     import numpy as np
+     n, T = num_inference_steps, num_train_timesteps
+     if timestep_spacing == "linspace":
+         ts = np.linspace(0, T - 1, n, dtype=np.float32)[::-1].copy()
+     elif timestep_spacing == "leading":
+         ts = (np.arange(0, n) * (T // n)).round()[::-1].copy().astype(np.float32)
+     elif timestep_spacing == "trailing":
+         ts = np.arange(T, 0, -T / n).round().astype(np.float32) - 1
+     else:
+         raise ValueError(f"unknown timestep_spacing {timestep_spacing}")
+     ts = ts + np.float32(steps_offset)
+     return torch.from_numpy(ts.astype(np.float32))
+     """, "steps_offset added to every spacing"),
     ("euler_timesteps",
      "return inference_timesteps(num_inference_steps, num_train_timesteps, timestep_spacing, steps_offset).float()",
      "'linspace' rounded to integers"),
@@ -103,6 +118,9 @@ MUTANTS = [
      """,
      "ascending order"),
     ("euler_sigmas", sigmas_body(end="s.float()"), "no final σ = 0"),
+    ("euler_sigmas",  # a blind learner's: 'sigma_min' as the ladder's own smallest σ
+     sigmas_body(last="s.min().reshape(1) if final_sigmas_type == 'sigma_min' else s.new_zeros(1)"),
+     "'sigma_min' read as the ladder's smallest σ"),
     ("euler_sigmas",
      """
      T = alphas_cumprod.shape[0]
@@ -143,6 +161,8 @@ MUTANTS = [
     ("euler_scale_model_input", "return sample * (sigma**2 + 1) ** 0.5", "multiplied by √(σ² + 1)"),
     ("euler_scale_model_input", "return sample / sigma", "divided by σ"),
     ("euler_scale_model_input", "return sample / (sigma**2 + 1)", "divided by σ² + 1"),
+    ("euler_scale_model_input",  # a blind learner's: σ in float16, σ² inf at zero terminal SNR
+     "s = sigma.to(sample.dtype)\nreturn sample / (s * s + 1).sqrt()", "σ cast to the sample's float16"),
     ("euler_scale_model_input",  # DDPM's coefficient √ᾱ is right, but this is √(1 − ᾱ)
      "return sample * sigma / (sigma**2 + 1) ** 0.5", Fails("wrong", "values differ")),
     ("euler_step", step_body(result="x + (x - x0) / sigma * (sigma - sigma_next)"), "step size σ − σ_next"),

@@ -100,6 +100,13 @@ MUTANTS = [
      return latents.reshape(B, (H // patch_size) * (W // patch_size), -1)
      """,
      "a plain reshape"),
+    ("patchify",  # a blind learner's: H and W split as (p, H/p), so a token's pixels lie H/p apart
+     """
+     B, C, H, W = latents.shape
+     p = patch_size
+     return latents.reshape(B, C, p, H // p, p, W // p).permute(0, 3, 5, 1, 2, 4).reshape(B, -1, C * p * p)
+     """,
+     "H and W split as (p, H/p)"),
     ("patchify",  # one feature vector per patch, but (B, C·p·p, N): the transpose forgotten
      """
      B, C, H, W = latents.shape

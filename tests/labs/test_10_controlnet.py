@@ -35,6 +35,14 @@ MUTANTS = [
      'return torch.einsum("co,bchw->bohw", weight[:, :, 0, 0], features) + bias[None, :, None, None]',
      "the weight transposed"),
     ("zero_conv", 'return torch.einsum("oc,bchw->bohw", weight[:, :, 0, 0], features)', "the bias left out"),
+    ("zero_conv",  # a blind learner's: channels last by reshape, not permute
+     """
+     B, C, H, W = features.shape
+     w2d = weight[:, :, 0, 0]  # (C_out, C)
+     tokens = features.reshape(B, H * W, C)
+     out = tokens @ w2d.T + bias  # (B, H*W, C_out)
+     return out.reshape(B, w2d.shape[0], H, W)
+     """, "channels moved last with reshape"),
     ("zero_conv",
      'return torch.einsum("oc,bchw->bohw", weight[:, :, 0, 0], features + bias[None, :, None, None])',
      "the bias added before the weight"),
@@ -131,6 +139,43 @@ MUTANTS = [
     ("controlnet_cfg_step",
      STEP.format(control=BOTH_HALVES, pad="", guide=GUIDED),
      "guess mode: ControlNet run on both halves"),
+    ("controlnet_cfg_step",  # a blind learner's: conditioning_scale passed to ControlNet and applied again after
+     """
+     latent_model_input = scheduler.scale_model_input(torch.cat([latents] * 2), timestep)
+     embeds = torch.cat([negative_prompt_embeds, prompt_embeds])
+     if guess_mode:
+         control_input = scheduler.scale_model_input(latents, timestep)
+         control_embeds = prompt_embeds
+         image = control_image
+     else:
+         control_input = latent_model_input
+         control_embeds = embeds
+         image = torch.cat([control_image] * 2)
+     down, mid = controlnet(
+         control_input,
+         timestep,
+         encoder_hidden_states=control_embeds,
+         controlnet_cond=image,
+         conditioning_scale=conditioning_scale,
+         guess_mode=guess_mode,
+         return_dict=False,
+     )
+     down = [d * conditioning_scale for d in down]
+     mid = mid * conditioning_scale
+     if guess_mode:
+         down = [torch.cat([torch.zeros_like(d), d]) for d in down]
+         mid = torch.cat([torch.zeros_like(mid), mid])
+     noise_pred = unet(
+         latent_model_input,
+         timestep,
+         encoder_hidden_states=embeds,
+         down_block_additional_residuals=down,
+         mid_block_additional_residual=mid,
+     ).sample
+     noise_uncond, noise_cond = noise_pred.chunk(2)
+     noise_pred = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+     return scheduler.step(noise_pred, timestep, latents).prev_sample
+     """, "conditioning_scale applied twice"),
     ("controlnet_cfg_step",  # right with DDIM, whose scale_model_input is the identity; Euler's is not
      STEP.format(control=CONTROL, pad=ZEROS_FIRST, guide=GUIDED)
          .replace("x2 = scheduler.scale_model_input(torch.cat([latents] * 2), timestep)", "x2 = torch.cat([latents] * 2)")
