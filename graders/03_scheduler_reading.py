@@ -81,6 +81,8 @@ DDIM_CASES = [
     # schedules other than T = 1000: a hard-coded 1000 (or its stride) fails here
     dict(num_inference_steps=7, num_train_timesteps=500, timestep_spacing="leading", steps_offset=1),
     dict(num_inference_steps=6, num_train_timesteps=80, timestep_spacing="linspace", steps_offset=0),
+    # one step: linspace(0, T − 1, 1) is [0] (a grid built from T − 1 downwards gives [999])
+    dict(num_inference_steps=1, timestep_spacing="linspace", steps_offset=0),
 ]
 DDPM_CASES = [
     dict(num_inference_steps=7, num_train_timesteps=100, timestep_spacing="leading", steps_offset=1),
@@ -116,7 +118,8 @@ def _(case, g):
 
 def grid(n, T=1000, spacing="leading", offset=0, *, ascending=False, leading_float=False,
          offset_everywhere=False, offset_nowhere=False, trailing_no_minus_one=False,
-         trailing_integer_ratio=False, linspace_truncate=False, linspace_to_T=False) -> torch.Tensor:
+         trailing_integer_ratio=False, linspace_truncate=False, linspace_to_T=False, half_up=False,
+         linspace_descending=False) -> torch.Tensor:
     """The timesteps with one misconception switched on (for traps); all switches off = correct."""
     i = torch.arange(n, dtype=torch.float64)
     if spacing == "leading":
@@ -128,9 +131,12 @@ def grid(n, T=1000, spacing="leading", offset=0, *, ascending=False, leading_flo
         else:
             t = (T - i * (T / n)).round() - (0 if trailing_no_minus_one else 1)
         t = t + (offset if offset_everywhere else 0)
+    elif linspace_descending:  # the grid built from T − 1 down (its own rounding, and [T − 1] for one step)
+        t = torch.linspace(T - 1, 0, n, dtype=torch.float64).round() + (offset if offset_everywhere else 0)
     else:
         t = torch.linspace(0, T if linspace_to_T else T - 1, n, dtype=torch.float64)
-        t = (t.trunc() if linspace_truncate else t.round()).flip(0) + (offset if offset_everywhere else 0)
+        t = t.trunc() if linspace_truncate else (t + 0.5).floor() if half_up else t.round()
+        t = t.flip(0) + (offset if offset_everywhere else 0)
     return (t.flip(0) if ascending else t).to(torch.int64)
 
 
@@ -162,6 +168,12 @@ _timesteps_trap("'trailing' with the integer spacing T//n from T−1",
 _timesteps_trap("'linspace' truncated instead of rounded",
                 "Round half to even (torch.round): 499.5 becomes 500, 832.5 becomes 832; .long() alone truncates.",
                 linspace_truncate=True)
+_timesteps_trap("'linspace' rounded half up (floor(x + 0.5)), not half to even",
+                "numpy and torch round a tie to the even neighbour: 832.5 becomes 832 and 166.5 becomes 166, where "
+                "floor(x + 0.5) gives 833 and 167.", half_up=True)
+_timesteps_trap("'linspace' built descending, linspace(T − 1, 0, n): one step is [T − 1], not [0]",
+                "diffusers builds linspace(0, T − 1, n), rounds it and reverses it: at n = 1 that is [0], and the "
+                "ties round from the ascending values.", linspace_descending=True)
 _timesteps_trap("'linspace' over [0, T] instead of [0, T−1]",
                 "The largest training timestep is T−1: linspace(0, T − 1, n), both ends included.",
                 linspace_to_T=True)

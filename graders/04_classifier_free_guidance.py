@@ -377,7 +377,12 @@ def one_batched_call(counter: DenoiserProbe, B: int, guidance_scale: float):
         else:
             want = (f"one call: at guidance_scale ≤ 1 the pipeline runs the text branch alone on batch {B} "
                     f"(one call on {2 * B} is accepted too).")
-        raise KataFailure(f"  `guided_noise` made {calls} to the denoiser{sizes} for one step; expected {want}")
+        trap = ""
+        if guidance_scale > 1 and seen == [B, B]:  # the two branches asked one after the other
+            trap = ("\n  trap: one denoiser call per branch (two calls of batch B), not one on the doubled batch\n"
+                    "    The pipeline asks both questions in one forward: it halves the calls, and the UNet sees the "
+                    "same batch (2B) it was measured on.")
+        raise KataFailure(f"  `guided_noise` made {calls} to the denoiser{sizes} for one step; expected {want}{trap}")
 
     return verify
 

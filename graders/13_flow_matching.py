@@ -209,6 +209,13 @@ def _(height, width, vae_scale_factor=8, patch_size=2, **line):
     return _line(height * width, **line)
 
 
+@resolution_mu.trap("each side as height // vae_scale_factor * patch_size (multiplied by the patch size)",
+                    hint="// and * bind left to right: height // f * p is (height // f)·p. Divide by both: "
+                         "height // f // p (1024 → 64 tokens a side, not 256).")
+def _(height, width, vae_scale_factor=8, patch_size=2, **line):
+    return _line((height // vae_scale_factor * patch_size) * (width // vae_scale_factor * patch_size), **line)
+
+
 @resolution_mu.trap("μ from the latent pixel count (the patches forgotten)",
                     hint="Each token is a patch_size × patch_size block of latent pixels: divide each latent "
                          "side by patch_size too (1024² → 128² latent pixels → 64² = 4096 tokens).")

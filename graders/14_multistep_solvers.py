@@ -161,6 +161,14 @@ def _(alpha_prod):
     return _lam(alpha_prod, flipped=True)
 
 
+@dpm_lambda.trap("1 − ᾱ clamped away from 0: λ finite where ᾱ = 1 (it is +∞)",
+                 hint="At clean data (ᾱ = 1) σ = 0 and λ = +∞; diffusers keeps the inf (the last step onto σ = 0 is "
+                      "first order, where h = ∞ only makes e^(−h) = 0). Do not clamp.")
+def _(alpha_prod):
+    a = alpha_prod.double()
+    return (0.5 * (a.log() - (1 - a).clamp(min=1e-12).log())).to(alpha_prod.dtype)
+
+
 @dpm_lambda.trap("the square root on ᾱ only: log √ᾱ − log(1 − ᾱ)",
                  hint="Both scales are square roots: σ = √(1 − ᾱ) as α = √ᾱ, so λ = ½·log ᾱ − ½·log(1 − ᾱ).")
 def _(alpha_prod):
@@ -246,7 +254,7 @@ def _(model_output, sample, alpha_prod_t):
 # ---- the updates: the reference math with one mistake switched on (for the traps) -----------------------
 def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, squared=False, flipped_h=False,
                  swapped=False, no_d1=False, r0_not_inverted=False, no_half=False, heun=False, eps_form=False,
-                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False, no_upcast=False):
+                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False, no_upcast=False, ve_ratio=False):
     """First order (x0s = [m0], alpha_prods = [ᾱ_s0]) or 2M midpoint (oldest first), float32 like step()."""
     m0 = x0s[-1]
     m1 = x0s[-2] if second else None
@@ -261,6 +269,8 @@ def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, square
         out = (alpha_t / alpha_s0) * x - (sigma_t * (torch.exp(h) - 1.0)) * m0
         return out.to(sample.dtype)
     ratio = alpha_t / alpha_s0 if alpha_ratio else sigma_t / sigma_s0
+    if ve_ratio:  # the variance-exploding σ = √((1 − ᾱ)/ᾱ) of diffusers' scheduler.sigmas, not the VP σ
+        ratio = (sigma_t / alpha_t) / (sigma_s0 / alpha_s0)
     out = ratio * x + (1.0 if x0_sign else -1.0) * (alpha_t * (torch.exp(-h) - 1.0)) * m0
     if second and not no_d1:
         lam_s1 = _lam(alpha_prods[-2], squared=squared)
@@ -370,6 +380,14 @@ def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
     return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, alpha_ratio=True)
 
 
+@first_order_update.trap("the σ ratio from scheduler.sigmas' √((1 − ᾱ)/ᾱ), not the VP σ = √(1 − ᾱ)",
+                         hint="DPM-Solver++ works in the variance-preserving α_t = √ᾱ_t, σ_t = √(1 − ᾱ_t) "
+                              "(diffusers' _sigma_to_alpha_sigma_t turns scheduler.sigmas back into these): "
+                              "x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0.")
+def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
+    return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, ve_ratio=True)
+
+
 @first_order_update.trap("the noise-prediction (DPM-Solver) update fed x̂0: (α_t/α_s)·x − σ_t·(e^h − 1)·x̂0",
                          hint="That formula is for ε (algorithm_type='dpmsolver'). DPM-Solver++ integrates x̂_0: "
                               "x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0.")
@@ -430,6 +448,14 @@ _second_trap("m0 and m1 swapped (model_outputs is oldest first)",
                                "alpha_prods[-1] belongs to this step's x̂_0 = model_outputs[-1].")
 def _(model_outputs, sample, alpha_prods, alpha_prod_t):
     return wrong_update(model_outputs, sample, alpha_prods[::-1], alpha_prod_t, second=True)
+
+
+@second_order_update.trap("the whole history read newest first (model_outputs[0] and alpha_prods[0] taken as this "
+                          "step's)",
+                          hint="diffusers keeps model_outputs and alpha_prods oldest first: this step's x̂_0 and ᾱ_s0 "
+                               "are the last entries, [-1], the previous step's [-2].")
+def _(model_outputs, sample, alpha_prods, alpha_prod_t):
+    return wrong_update(model_outputs[::-1], sample, alpha_prods[::-1], alpha_prod_t, second=True)
 
 
 _second_trap("h sign flipped (h = λ_s0 − λ_t)",
@@ -583,7 +609,8 @@ def _(case, g):
 
 def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=True, final_sigmas_type="zero", *,
                eps_as_x0=False, second_first=False, ignore_lower_final=False, lower_final_any_n=False,
-               newest_first=False, always_first=False, final_swapped=False, eps_history=False, up_to_15=False):
+               newest_first=False, always_first=False, final_swapped=False, eps_history=False, up_to_15=False,
+               lower_second=False, stale_previous=False):
     """The 2M loop with one misconception switched on (each trap below names one)."""
     predict = denoiser.predict if isinstance(denoiser, GaussianDenoiser) else denoiser
     n = len(timesteps)
@@ -600,6 +627,9 @@ def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=Tr
         alpha, sigma = _ab(a_s)
         x0 = eps if eps_as_x0 else (x - sigma * eps) / alpha
         x0s, abars = (x0s + [eps if eps_history else x0])[-2:], (abars + [a_s])[-2:]
+        if stale_previous and i > 0:  # the "previous" x̂0 kept from the first step, never refreshed
+            first = first if i > 1 else (x0s[0], abars[0])
+            x0s, abars = [first[0], x0s[-1]], [first[1], abars[-1]]
         last = i == n - 1
         if ignore_lower_final:
             lower_final = False
@@ -608,6 +638,8 @@ def wrong_loop(denoiser, sample, alphas_cumprod, timesteps, lower_order_final=Tr
         else:
             lower_final = last and (final_sigmas_type == "zero" or (lower_order_final and (n <= 15 if up_to_15
                                                                                            else n < 15)))
+        if lower_second and i == n - 2 and lower_order_final and n < 15:  # order 3's rule, at order 2
+            lower_final = True
         if always_first or (i == 0 and not second_first) or lower_final:
             x = wrong_update([x0], x, [a_s], a_t, second=False)
         else:
@@ -640,6 +672,12 @@ _loop_trap("lower_order_final applied at every n (diffusers: only below 15 steps
 _loop_trap("lower_order_final at n ≤ 15 (the boundary one off: diffusers' rule is n < 15)",
            "`lower_order_final and len(timesteps) < 15`: at exactly 15 steps the last step stays second order.",
            up_to_15=True)
+_loop_trap("the second-to-last step taken first order too (diffusers' lower_order_second, a third-order rule)",
+           "At order 2 only the last step drops to first order (lower_order_final, n < 15); diffusers' "
+           "lower_order_second applies to solver_order = 3 alone.", lower_second=True)
+_loop_trap("the previous x̂0 kept from the first step (the history never moves on)",
+           "Each step's history is the two latest x̂_0 (and their ᾱ): push this step's x̂_0 and drop the oldest, "
+           "as diffusers' model_outputs does.", stale_previous=True)
 _loop_trap("the x̂0 history passed newest first",
            "second_order_update takes the history oldest first, as diffusers' model_outputs: append each new "
            "x̂_0 (and its ᾱ) at the end.", newest_first=True)

@@ -60,6 +60,12 @@ def sigmas_body(table="((1 - alphas_cumprod) / alphas_cumprod) ** 0.5", t="times
 
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
+    ("inference_timesteps",  # a blind learner's: ties rounded half up
+     timesteps_body(linspace="(torch.linspace(0, T - 1, n, dtype=torch.float64) + 0.5).floor().flip(0).long()"),
+     "'linspace' rounded half up"),
+    ("inference_timesteps",  # a blind learner's: the grid built descending ([999] for one step)
+     timesteps_body(linspace="torch.linspace(T - 1, 0, n, dtype=torch.float64).round().long()"),
+     "'linspace' built descending"),
     ("inference_timesteps", timesteps_body(leading="torch.arange(n) * (T // n) + steps_offset"),
      "ascending order"),
     ("inference_timesteps",
@@ -277,6 +283,8 @@ def exact_timesteps(n: int, T: int, spacing: str, offset: int) -> list[int]:
         return [i * (T // n) + offset for i in range(n)][::-1]
     if spacing == "trailing":
         return [round(T - Fraction(i * T, n)) - 1 for i in range(n)]
+    if n == 1:  # linspace(0, T − 1, 1) is [0]: its start
+        return [0]
     return [round(Fraction(i * (T - 1), n - 1)) for i in range(n)][::-1]
 
 

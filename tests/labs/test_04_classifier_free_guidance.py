@@ -171,7 +171,7 @@ MUTANTS = [
 ]
 
 
-def test_two_separate_denoiser_calls_fail_and_say_how_many_calls_were_seen(grade_mutant):
+def test_two_separate_denoiser_calls_fail_say_how_many_calls_were_seen_and_name_the_trap(grade_mutant):
     graded = grade_mutant(LAB, "guided_noise", """
         noise_uncond = text_noise(unet, latents, timestep, negative_prompt_embeds)
         noise_text = text_noise(unet, latents, timestep, prompt_embeds)
@@ -182,6 +182,7 @@ def test_two_separate_denoiser_calls_fail_and_say_how_many_calls_were_seen(grade
     """)
     assert graded.status == "failed"
     assert "made 2 calls to the denoiser with batch sizes [1, 1]" in graded.text, graded.text
+    assert "trap: one denoiser call per branch (two calls of batch B)" in graded.text, graded.text
 
 
 EQUIVALENT = [

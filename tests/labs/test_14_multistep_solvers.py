@@ -57,6 +57,38 @@ MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("dpm_lambda", "return torch.log(alpha_prod) - torch.log(1 - alpha_prod)", "λ from ᾱ instead of √ᾱ"),
     ("dpm_lambda", "a, s = alpha_sigma(alpha_prod)\nreturn torch.log(s) - torch.log(a)", "λ = log(σ/α): the sign flipped"),
+    ("dpm_lambda",  # a blind learner's: 1 − ᾱ clamped "for stability", so λ is finite at ᾱ = 1
+     "alpha = torch.sqrt(alpha_prod)\nsigma = torch.sqrt(torch.clamp(1 - alpha_prod, min=1e-12))\n"
+     "return torch.log(alpha) - torch.log(sigma)", "1 − ᾱ clamped away from 0"),
+    ("dpm_solver_sample",  # a blind learner's: diffusers' lower_order_second (an order-3 rule) at order 2
+     LOOP_HEAD.replace("    last = i == n - 1\n", "    last = i == n - 1\n    second_last = i == n - 2 and lower_order_final and n < 15\n")
+     + LOOP_STEP.replace("if i == 0 or lower_final:", "if i == 0 or lower_final or second_last:"),
+     "the second-to-last step taken first order too"),
+    ("dpm_solver_sample",  # a blind learner's: the previous x̂0 stored at the first step only
+     LOOP_HEAD.replace("x0s, abars = (x0s + [x0])[-2:], (abars + [a_s])[-2:]",
+                       "x0s, abars = ([x0s[0], x0] if x0s else [x0]), ([abars[0], a_s] if abars else [a_s])")
+     + LOOP_STEP, "the previous x̂0 kept from the first step"),
+    ("first_order_update",  # a blind learner's: the σ ratio from the variance-exploding sigmas
+     """
+     alpha_t, sigma_t = alpha_sigma(alpha_prod_t)
+     alpha_s, sigma_s = alpha_sigma(alpha_prod_s)
+     h = dpm_lambda(alpha_prod_t) - dpm_lambda(alpha_prod_s)
+     x = sample.to(torch.float32)
+     ratio = (sigma_t / alpha_t) / (sigma_s / alpha_s)
+     return (ratio * x - alpha_t * (torch.exp(-h) - 1.0) * x0_pred).to(sample.dtype)
+     """, "the σ ratio from scheduler.sigmas"),
+    ("second_order_update",  # a blind learner's: the whole history read newest first
+     """
+     m0, m1 = model_outputs[0], model_outputs[1]
+     a_s0, a_s1 = alpha_prods[0], alpha_prods[1]
+     alpha_t, sigma_t = alpha_sigma(alpha_prod_t)
+     _, sigma_s0 = alpha_sigma(a_s0)
+     h, h_0 = dpm_lambda(alpha_prod_t) - dpm_lambda(a_s0), dpm_lambda(a_s0) - dpm_lambda(a_s1)
+     d1 = (1.0 / (h_0 / h)) * (m0 - m1)
+     x = sample.to(torch.float32)
+     out = (sigma_t / sigma_s0) * x - (alpha_t * (torch.exp(-h) - 1.0)) * m0 - 0.5 * (alpha_t * (torch.exp(-h) - 1.0)) * d1
+     return out.to(sample.dtype)
+     """, "the whole history read newest first"),
     ("dpm_lambda",  # √ on one side only
      "return torch.log(alpha_prod ** 0.5) - torch.log(1 - alpha_prod)", "the square root on ᾱ only"),
     ("dpm_lambda",  # base-10 logs
