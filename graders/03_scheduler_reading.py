@@ -480,6 +480,14 @@ def _(sigmas, timestep_spacing):
     return (float(sigmas.max()) ** 2 + 1) ** 0.5
 
 
+@init_noise_sigma.trap("the two rules swapped: √(σ_max² + 1) for 'linspace'/'trailing', σ_max for 'leading'",
+                       hint="It is the other way round: EulerDiscreteScheduler.init_noise_sigma is σ_max for "
+                            "'linspace' and 'trailing', and √(σ_max² + 1) for 'leading' only.")
+def _(sigmas, timestep_spacing):
+    sigma_max = float(sigmas.max())
+    return (sigma_max**2 + 1) ** 0.5 if timestep_spacing in ("linspace", "trailing") else sigma_max
+
+
 @init_noise_sigma.trap("1.0, as for DDPM/DDIM",
                        hint="DDPM's latent is unit-variance, but Euler's is x_0 + σ·ε: start at std ≈ σ_max.")
 def _(sigmas, timestep_spacing):

@@ -164,6 +164,9 @@ MUTANTS = [
     ("init_noise_sigma", "return 1.0", "1.0, as for DDPM/DDIM"),
     ("init_noise_sigma",  # the smallest σ is 0: the end of the ladder, not its start
      "return float(sigmas[-1])", Fails("wrong", "expected")),
+    ("init_noise_sigma",  # a blind learner's: the two rules swapped
+     "sigma_max = float(sigmas.max())\nif timestep_spacing in ('linspace', 'trailing'):\n"
+     "    return (sigma_max**2 + 1) ** 0.5\nreturn sigma_max", "the two rules swapped"),
     ("euler_scale_model_input", "return sample * (sigma**2 + 1) ** 0.5", "multiplied by √(σ² + 1)"),
     ("euler_scale_model_input", "return sample / sigma", "divided by σ"),
     ("euler_scale_model_input", "return sample / (sigma**2 + 1)", "divided by σ² + 1"),
