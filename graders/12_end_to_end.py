@@ -288,6 +288,14 @@ def _(**kw):
     return _image(**kw, factor=8)
 
 
+@text_to_image.trap("the VAE factor one level too many (2 ** len(block_out_channels)): x_T a quarter the area",
+                    hint="A VAE with L levels downsamples L − 1 times: vae_scale_factor = 2 ** (len(block_out_channels) "
+                         "− 1) (8 for SD's four levels), as lab 06's vae_scale_factor computes.")
+@torch.no_grad()
+def _(**kw):
+    return _image(**kw, factor=2 ** len(kw["vae"].config.block_out_channels))
+
+
 @text_to_image.trap("the generator not handed on to denoise (DDIM's η > 0 noise drawn from the global RNG)",
                     hint="One generator drives the whole run: x_T and every noisy step. Pass generator (and eta) "
                          "on to denoise.")
@@ -427,6 +435,22 @@ def _(records, rec, images, kw):
              hint="Record what scheduler.step receives, ε_∅ + w·(ε_c − ε_∅), not the UNet's output for the prompt.")
 def _(records, rec, images, kw):
     records[4] = _record("guided noise", rec["steps"][0].denoiser_output.chunk(2)[1])
+
+
+@_trace_trap("the final latents recorded after ÷ scaling_factor (the decoder's input, not the loop's output)",
+             hint="'final latents' is what the denoising loop ends with, before decode divides it by "
+                  "vae.config.scaling_factor: record the loop's output itself.")
+def _(records, rec, images, kw):
+    records[5] = _record("final latents", rec["final"] / kw["vae"].config.scaling_factor)
+
+
+@_trace_trap("the per-step records taken at the last step (overwritten every step), not the first",
+             hint="The UNet input, its output and the guided noise are the FIRST step's: record them at i == 0 "
+                  "only (later steps would overwrite them).")
+def _(records, rec, images, kw):
+    last = rec["steps"][-1]
+    records[2:5] = [_record("unet input", last.denoiser_input), _record("unet output", last.denoiser_output),
+                    _record("guided noise", last.step_input)]
 
 
 @_trace_trap("records without their values (boundary() from an older copy of this lab)",

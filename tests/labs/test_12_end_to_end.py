@@ -88,6 +88,8 @@ MUTANTS = [
     ("text_to_image", image_body(out="vae_lab.decode_latents(vae, latents) * 0.5 + 0.5"),
      "the [−1, 1] → [0, 1] mapping not clamped"),
     ("text_to_image", image_body(factor="8"), "the VAE factor hard-coded to SD's 8"),
+    ("text_to_image",  # a blind learner's: 2 ** len(block_out_channels), one level too many
+     image_body(factor="2 ** len(vae.config.block_out_channels)"), "the VAE factor one level too many"),
     ("text_to_image", image_body(generator_on="None"), "the generator not handed on to denoise"),
     ("text_to_image", image_body(channels="4"),
      Fails("crash", "RuntimeError")),  # SD's 4 latent channels hard-coded: the 3-channel UNet refuses them
@@ -104,6 +106,13 @@ MUTANTS = [
      "the decoder's output recorded after postprocessing"),
     ("inference_trace", trace_body(**{"guided noise": "out.chunk(2)[1]"}), "the guided noise recorded before guidance"),
     ("inference_trace", trace_body(old_boundary=True), "records without their values"),
+    ("inference_trace",  # a blind learner's: the final latents recorded as the decoder's input
+     trace_body().replace('trace.append(boundary("final latents", latents))',
+                          'trace.append(boundary("final latents", latents / vae.config.scaling_factor))'),
+     "the final latents recorded after ÷ scaling_factor"),
+    ("inference_trace",  # a blind learner's: the per-step records overwritten every step (the last step's kept)
+     trace_body().replace("if i == 0:", "if i == len(scheduler.timesteps) - 1:"),
+     "the per-step records taken at the last step"),
     ("inference_trace", trace_body(**{"unet output": "x"}), Fails("wrong", "output[3] ('unet output')['min']")),
 ]
 
