@@ -20,5 +20,11 @@ def test_a_one_element_tensor_is_not_a_python_float():
     assert mismatch(1, 1.0, TOL) is None  # an int where a float is expected is the same number
 
 
+def test_a_one_number_tensor_where_a_python_number_is_documented_is_named_as_a_trap():
+    problem = mismatch(torch.tensor(0.5), 0.5, TOL)
+    assert "trap: a one-number tensor returned where a Python float is documented" in problem
+    assert "trap:" not in mismatch(torch.tensor([0.5, 1.0]), 0.5, TOL)  # not one number: no such mistake to name
+
+
 def test_a_bool_is_not_a_number():
     assert "should be a Python int" in mismatch(True, 1, TOL)

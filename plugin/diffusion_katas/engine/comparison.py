@@ -125,9 +125,13 @@ def mismatch(actual: Any, expected: Any, tol: Tol, where: str = "output", exact:
         # The reference answers with a Python number: so must the learner. A one-element tensor is not a
         # float (it carries a dtype and a device into every later use), and 8.0 is not the integer 8.
         if not isinstance(actual, (int, float)) or isinstance(actual, bool):
+            one_number = isinstance(actual, torch.Tensor) and actual.numel() == 1
             return (f"{where} should be a Python {type(expected).__name__} like {expected!r}, got {describe(actual)}"
                     + (" (use .item() to take the number out of a tensor)" if isinstance(actual, torch.Tensor)
-                       else ""))
+                       else "")
+                    + (f"\n  trap: a one-number tensor returned where a Python {type(expected).__name__} is documented"
+                       "\n    .item() (or float()) takes the number out: a tensor would carry its dtype and device "
+                       "into every later use of it" if one_number else ""))
         if isinstance(expected, int) and not isinstance(expected, bool):
             if not isinstance(actual, int):
                 return f"{where} should be the integer {expected}, got {actual!r} (a {type(actual).__name__})"
