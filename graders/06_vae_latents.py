@@ -114,6 +114,14 @@ def _(block_out_channels):
     return 2 * len(block_out_channels)
 
 
+@vae_scale_factor.trap("2 ** (the number of distinct widths): repeated widths counted once",
+                       hint="Count the blocks, not the distinct widths: SD's (128, 256, 512, 512) has 4 blocks and 3 "
+                            "downsamplers (f = 8, where 3 distinct widths give 8 by luck); (8, 8, 16, 16) has 4 blocks, "
+                            "f = 8, not 4.")
+def _(block_out_channels):
+    return 2 ** len(set(block_out_channels))
+
+
 @vae_scale_factor.trap("a hard-coded 8",
                        hint="8 is Stable Diffusion's VAE; compute f from the config so any VAE works.")
 def _(block_out_channels):

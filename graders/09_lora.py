@@ -367,7 +367,7 @@ def _(weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
 @merge_lora.trap("fan_in_fan_out ignored",
                  hint="A Conv1D weight is (in, out): add (B A)ᵀ to it, not B A.")
 def _(weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
-    return weight + _delta(lora_A, lora_B, scaling, False).to(weight.dtype)
+    return weight + _delta(lora_A, lora_B, scaling, False).to(weight.dtype).reshape(weight.shape)  # (as unmerge's)
 
 
 # ---- unmerge_lora -----------------------------------------------------------------------------------
@@ -436,7 +436,9 @@ def _(merged_weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
 @unmerge_lora.trap("fan_in_fan_out ignored",
                    hint="A Conv1D weight is (in, out): subtract (B A)ᵀ from it, not B A.")
 def _(merged_weight, lora_A, lora_B, scaling, fan_in_fan_out=False):
-    return merged_weight - _delta(lora_A, lora_B, scaling, False).to(merged_weight.dtype)
+    # reshaped to the weight's shape, as a learner's code that then runs on a (16, 24) Conv1D weight does: the
+    # square layer's values are the same either way
+    return merged_weight - _delta(lora_A, lora_B, scaling, False).to(merged_weight.dtype).reshape(merged_weight.shape)
 
 
 # ---- lora_forward -----------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ LAB = "06_vae_latents"
 
 MUTANTS = [
     ("vae_scale_factor", "return 2 * len(block_out_channels)", "2·n (twice the number of blocks)"),
+    ("vae_scale_factor",  # a blind learner's: the distinct widths counted
+     "return 2 ** len(set(block_out_channels))", "2 ** (the number of distinct widths)"),
     ("to_uint8",  # a blind learner's: ×256, clipped
      """
      x = (images * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy()

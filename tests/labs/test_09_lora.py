@@ -81,6 +81,9 @@ MUTANTS = [
      "the scaling left out"),
     ("unmerge_lora", "return merged_weight - lora_delta(lora_A, lora_B, scaling).to(merged_weight.dtype)",
      "fan_in_fan_out ignored"),
+    ("unmerge_lora",  # a blind learner's: fan_in_fan_out not passed on, ΔW reshaped to the weight's shape
+     "delta = lora_delta(lora_A, lora_B, scaling)\n"
+     "return merged_weight - delta.to(merged_weight.dtype).reshape(merged_weight.shape)", "fan_in_fan_out ignored"),
     ("unmerge_lora",  # float16 weights come back as float32
      DELTA + "return merged_weight.float() - (d.T if fan_in_fan_out else d) * scaling",
      Fails("wrong", "has dtype")),
