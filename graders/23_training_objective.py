@@ -638,6 +638,16 @@ def _(weighting_scheme, sigmas):
     return _weighting(weighting_scheme, sigmas, cosmap_pi=1.0)
 
 
+@sd3_loss_weighting.trap("cosmap as 2 / π · bot (the bottom multiplied, not divided by)",
+                         hint="2 / math.pi * bot is (2/π)·bot: Python reads / and * left to right. The weight is "
+                              "2 / (math.pi * bot), the bottom under the fraction.")
+def _(weighting_scheme, sigmas):
+    if weighting_scheme != "cosmap":
+        return _weighting(weighting_scheme, sigmas)
+    s = sigmas.float()
+    return (2 / math.pi * (1 - 2 * s + 2 * s ** 2)).to(sigmas.dtype)
+
+
 @sd3_loss_weighting.trap("cosmap's denominator read as (1 − σ)² = 1 − 2σ + σ²",
                          hint="The bottom is 1 − 2σ + 2σ² = σ² + (1 − σ)², which never reaches 0; (1 − σ)² does at "
                               "σ = 1, and the weight blows up at the noisy end.")

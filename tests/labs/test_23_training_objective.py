@@ -188,6 +188,8 @@ MUTANTS = [
     ("sd3_loss_weighting", weighting_body(sqrt="s.sqrt()"), "'sigma_sqrt' read as √σ"),
     ("sd3_loss_weighting", weighting_body(sqrt="s ** -0.5"), "'sigma_sqrt' read as 1/√σ"),
     ("sd3_loss_weighting", weighting_body(sqrt="1 / s"), "σ⁻¹ for 'sigma_sqrt'"),
+    ("sd3_loss_weighting",  # a blind learner's: 2 / math.pi * bot (precedence)
+     weighting_body(cosmap="(2 / math.pi * (1 - 2 * s + 2 * s ** 2)).to(sigmas.dtype)"), "cosmap as 2 / π · bot"),
     ("sd3_loss_weighting", weighting_body(cosmap="(2 / (1 - 2 * s + 2 * s ** 2)).to(sigmas.dtype)"),
      "cosmap without the π"),
     ("sd3_loss_weighting", weighting_body(other="s ** -2.0"), "σ⁻² for every scheme but cosmap"),
