@@ -587,6 +587,17 @@ def _denoised(model_output, sample, sigma, sigma_data, prediction_type):
     return exact_denoised(sample, model_output, sigma.reshape(1).expand(sample.shape[0]), sigma_data, prediction_type)
 
 
+def _step_with(model_output, sample, sigma, sigma_next, sigma_data, prediction_type, *, x0_at=None, slope_over=None,
+               up=False):
+    """The Euler step with one misconception switched on (all off = correct): x̂₀ preconditioned at `x0_at`, the
+    slope divided by `slope_over`, or the step taken back up in noise."""
+    x = sample.double()
+    x0 = _denoised(model_output, sample, sigma if x0_at is None else x0_at, sigma_data, prediction_type)
+    d = (x - x0) / (sigma if slope_over is None else slope_over).double()
+    h = (sigma - sigma_next) if up else (sigma_next - sigma)
+    return (x + h.double() * d).to(model_output.dtype)
+
+
 @edm_euler_step.trap("the network output used as the slope (d = F, as if F were ε)",
                      hint="F is preconditioned, not ε: the slope is (x − x̂₀)/σ with x̂₀ = c_skip·x + c_out·F.")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
@@ -603,9 +614,7 @@ def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="
                      hint="x_next = x + (σ_next − σ)·d with d = (x − x̂₀)/σ: σ_next < σ, so the step size is "
                           "negative and the sample moves towards x̂₀. Flipping either sign moves it away.")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
-    x = sample.double()
-    d = (x - _denoised(model_output, sample, sigma, sigma_data, prediction_type)) / sigma.double()
-    return (x + (sigma.double() - sigma_next.double()) * d).to(model_output.dtype)
+    return _step_with(model_output, sample, sigma, sigma_next, sigma_data, prediction_type, up=True)
 
 
 @edm_euler_step.trap("x̂₀ mixed from the network's input c_in·x, not the sample x",
@@ -621,18 +630,14 @@ def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="
                      hint="The network was called at σ: x̂₀ = c_skip(σ)·x + c_out(σ)·F, with the σ of this rung; "
                           "σ_next only sets how far the step goes.")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
-    x = sample.double()
-    d = (x - _denoised(model_output, sample, sigma_next, sigma_data, prediction_type)) / sigma.double()
-    return (x + (sigma_next.double() - sigma.double()) * d).to(model_output.dtype)
+    return _step_with(model_output, sample, sigma, sigma_next, sigma_data, prediction_type, x0_at=sigma_next)
 
 
 @edm_euler_step.trap("the slope divided by σ_next, not σ", nonfinite=True,
                      hint="d = (x − x̂₀)/σ, the slope where the sample is now; divided by σ_next it is infinite at the "
                           "last step (σ_next = 0).")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
-    x = sample.double()
-    d = (x - _denoised(model_output, sample, sigma, sigma_data, prediction_type)) / sigma_next.double()
-    return (x + (sigma_next.double() - sigma.double()) * d).to(model_output.dtype)
+    return _step_with(model_output, sample, sigma, sigma_next, sigma_data, prediction_type, slope_over=sigma_next)
 
 
 @edm_euler_step.trap("left in float32 for a float16 model",
