@@ -369,6 +369,16 @@ def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
     return (_loop(unet, scheduler, x, num_inference_steps, generator, eta) / 2 + 0.5).clamp(0, 1)
 
 
+@generate.trap("the initial noise drawn in float32, then cast to the UNet's dtype",
+               hint="Draw x_T in unet.dtype: initial_noise(..., unet.dtype), as randn_tensor does. A float32 draw "
+                    "cast to float16 is other noise (torch's CPU sampler fills a float16 tensor differently unless "
+                    "its size is a multiple of 16).")
+def _(unet, scheduler, batch_size, num_inference_steps, generator, eta=None):
+    c = unet.config
+    x = torch.randn((batch_size, c.in_channels, c.sample_size, c.sample_size), generator=generator).to(unet.dtype)
+    return (_loop(unet, scheduler, x, num_inference_steps, generator, eta) / 2 + 0.5).clamp(0, 1)
+
+
 @generate.trap("a fresh generator with the same seed for the loop",
                hint="One generator drives the whole run: the loop's step noise continues the stream the initial "
                     "noise was drawn from. Re-seeding a new generator replays the initial noise as step noise.")

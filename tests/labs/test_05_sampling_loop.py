@@ -114,7 +114,7 @@ MUTANTS = [
      noise = initial_noise(batch_size, c, s, generator, torch.float32).to(unet.dtype)
      return to_image(sampling_loop(unet, scheduler, noise, num_inference_steps, generator, eta=eta))
      """,
-     Fails("wrong", "values differ")),
+     "the initial noise drawn in float32, then cast to the UNet's dtype"),
     ("generate",
      """
      noise = initial_noise(batch_size, unet.config.in_channels, unet.config.sample_size, generator, unet.dtype)
