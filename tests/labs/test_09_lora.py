@@ -53,6 +53,14 @@ MUTANTS = [
      DELTA.replace(".reshape(B.shape[0], *A.shape[1:])", "")
      + "return ((d.T if fan_in_fan_out else d) * scaling).to(lora_B.dtype)",
      Fails("wrong", "has shape")),
+    ("lora_delta",  # a conv's A flattened channels-last: (r, kh·kw·in), reshaped back as (in, kh, kw)
+     """
+     A, B = lora_A.float(), lora_B.float()
+     A = A.permute(0, 2, 3, 1) if A.dim() == 4 else A
+     d = (B.flatten(1) @ A.flatten(1)).reshape(B.shape[0], *lora_A.shape[1:])
+     return ((d.T if fan_in_fan_out else d) * scaling).to(lora_B.dtype)
+     """,
+     "the right values at the wrong indices (output: a layout mistake)"),
     ("lora_delta",  # half factors: ΔW left in float32
      DELTA + "return (d.T if fan_in_fan_out else d) * scaling",
      Fails("wrong", "has dtype")),

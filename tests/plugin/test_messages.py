@@ -53,6 +53,20 @@ def test_wrong_values_in_the_wrong_dtype_get_no_dtype_trap(toy):
     assert "trap:" not in result.stdout.str()
 
 
+def test_right_values_at_other_indices_are_named_a_layout_mistake(toy):
+    toy.kata(normalize="return (x / x.norm()).flip(0)")
+    result = toy.run("katas", "-k", "normalize")
+    result.stdout.fnmatch_lines(["*trap: the right values at the wrong indices (output: a layout mistake)*",
+                                 "*output is the reference reversed along dimension 0*"])
+
+
+def test_other_values_in_the_right_shape_are_no_layout_mistake(toy):
+    toy.kata(normalize="return (x / x.norm()).flip(0) * 1.5")
+    result = toy.run("katas", "-k", "normalize")
+    assert "values differ" in result.stdout.str()
+    assert "trap:" not in result.stdout.str()
+
+
 def test_an_output_matching_a_declared_misconception_names_the_trap_and_its_hint(toy):
     toy.kata(double="return x + 2")
     result = toy.run("katas")

@@ -600,6 +600,11 @@ class KataItem(pytest.Item):
                 cast = self._dtype_trap(scenario, out, tol)
             except Exception:  # noqa: BLE001
                 cast = None
+            if cast is None:
+                try:
+                    cast = self._layout_trap(scenario, out, tol)
+                except Exception:  # noqa: BLE001
+                    cast = None
             if cast is not None:
                 lines.append(f"  trap: {cast[0]}\n    {cast[1]}")
         if named is not None:
@@ -711,6 +716,46 @@ class KataItem(pytest.Item):
         return (f"the result left in {mine} where diffusers returns {theirs}",
                 f"Your values are right to {mine}'s precision: the reference computes (or upcasts to) {theirs}. "
                 f"Convert to {theirs} before the arithmetic, as the docstring says, and return that.")
+
+    def _layout_trap(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
+        """The mistake any kata can make where a tensor has the reference's shape, dtype and values, each at
+        another index: axes reshaped where they needed a permute, transposed, or reversed. Judged on the first
+        tensor (of the output, or of a tuple/list output) that is wrong: its sorted values match the reference's
+        sorted values within the tolerance. Needs 4 or more distinct values (on a mask, the same values at other
+        indices says nothing). (name, hint), or None."""
+        import torch
+
+        from diffusion_katas.engine.comparison import mismatch
+
+        if self.failing_dependencies():
+            return None
+        expected = scenario.expected
+        pairs = [("output", out, expected)]
+        if type(out) in (tuple, list) and type(expected) is type(out) and len(out) == len(expected):
+            pairs = [(f"output[{i}]", a, e) for i, (a, e) in enumerate(zip(out, expected))]
+        for where, mine, theirs in pairs:
+            if not (type(mine) is torch.Tensor and type(theirs) is torch.Tensor):
+                continue
+            if mismatch(mine, theirs, tol) is None:
+                continue
+            if mine.shape != theirs.shape or mine.dtype != theirs.dtype or theirs.numel() < 4 \
+                    or theirs.is_complex() or theirs.unique().numel() < 4:
+                return None
+            if mismatch(mine.flatten().sort().values, theirs.flatten().sort().values, tol) is not None:
+                return None
+            how = "they were moved (a reshape where the axes needed a permute, another order, a roll)"
+            for d in range(theirs.dim()):
+                if theirs.shape[d] > 1 and mismatch(mine, theirs.flip(d), tol) is None:
+                    how = f"{where} is the reference reversed along dimension {d}"
+            for i in range(theirs.dim()):
+                for j in range(i + 1, theirs.dim()):
+                    if theirs.shape[i] == theirs.shape[j] > 1 and mismatch(mine, theirs.transpose(i, j), tol) is None:
+                        how = f"{where} is the reference with dimensions {i} and {j} swapped"
+            return (f"the right values at the wrong indices ({where}: a layout mistake)",
+                    f"Every value is right, each in another place: {how}. A reshape or view regroups elements in "
+                    "memory order; to move an axis, permute (or transpose, movedim) it first. Check the order of "
+                    "the dimensions against the docstring's shapes.")
+        return None
 
     def _explaining_trap(self, scenario: Scenario, out, tol, rng, fn: str, before, later):
         """The declared mistake that explains the learner's output, as (trap, closeness, first scenario where it
