@@ -100,6 +100,9 @@ MUTANTS = [
     ("pack_batch", pack_body(t="entries[0]['timestep']"), "one timestep for the whole batch"),
     ("pack_batch", pack_body(rows="2"), "two rows for every request (CFG assumed)"),
     ("pack_batch", pack_body(rows="2 if e['guidance_scale'] >= 1 else 1"), "CFG at guidance_scale = 1 too"),
+    ("pack_batch",  # timesteps rebuilt from Python floats: float32 where the requests' are int64 (DDIM)
+     pack_body().replace("torch.stack(ts)", "torch.tensor([float(t) for t in ts])"),
+     "output[1] holds the right numbers as float32 where the reference returns int64"),
     ("pack_batch",  # the layout as (start, number of rows)
      pack_body(span="(start, n)"), Fails("wrong", "")),
     ("split_guided", split_body(combine="c + s * (u - c)"), "uncond and text rows swapped"),

@@ -660,8 +660,9 @@ class KataItem(pytest.Item):
         return near if near <= TRAP_NEAR else None
 
     def _dtype_trap_in_sequence(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
-        """`_dtype_trap`'s first case for a tuple or list output: its first tensor in another floating dtype, computed
-        wider and never cast back, where the whole output is right once that tensor is cast."""
+        """`_dtype_trap` for a tuple or list output: its first tensor in another dtype, where the whole output is right
+        once that tensor is cast (floats computed wider and never cast back; integers returned as floats, or the
+        other way)."""
         import torch
 
         from diffusion_katas.engine.comparison import scenario_mismatch
@@ -669,17 +670,21 @@ class KataItem(pytest.Item):
         for i, (mine, theirs) in enumerate(zip(out, scenario.expected)):
             if not (type(mine) is torch.Tensor and type(theirs) is torch.Tensor and mine.dtype != theirs.dtype):
                 continue
-            if mine.shape != theirs.shape or not (mine.is_floating_point() and theirs.is_floating_point()) \
-                    or torch.finfo(mine.dtype).eps >= torch.finfo(theirs.dtype).eps:
+            if mine.shape != theirs.shape or (mine.is_floating_point() and theirs.is_floating_point()
+                                              and torch.finfo(mine.dtype).eps >= torch.finfo(theirs.dtype).eps):
+                return None
+            if not _casts_exactly(mine, theirs):
                 return None
             cast = list(out)
             cast[i] = mine.to(theirs.dtype)
             if scenario_mismatch(type(out)(cast), scenario, tol):
                 return None
             wide, narrow = str(mine.dtype).removeprefix("torch."), str(theirs.dtype).removeprefix("torch.")
-            return (f"output[{i}] computed in {wide} and never cast back to {narrow}",
-                    f"Its values are right once cast: compute as wide as you like, then cast output[{i}] to {narrow} "
-                    "once, where the reference casts.")
+            if mine.is_floating_point() and theirs.is_floating_point():
+                return (f"output[{i}] computed in {wide} and never cast back to {narrow}",
+                        f"Its values are right once cast: compute as wide as you like, then cast output[{i}] to "
+                        f"{narrow} once, where the reference casts.")
+            return _retyped(f"output[{i}]", wide, narrow)
         return None
 
     def _dtype_trap(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
@@ -697,10 +702,13 @@ class KataItem(pytest.Item):
             return self._dtype_trap_in_sequence(scenario, out, tol)
         if type(out) is not torch.Tensor or type(expected) is not torch.Tensor:
             return None
-        if out.shape != expected.shape or out.dtype == expected.dtype or not (
-                out.is_floating_point() and expected.is_floating_point()):
+        if out.shape != expected.shape or out.dtype == expected.dtype:
             return None
         mine, theirs = str(out.dtype).removeprefix("torch."), str(expected.dtype).removeprefix("torch.")
+        if not (out.is_floating_point() and expected.is_floating_point()):
+            if not _casts_exactly(out, expected) or scenario_mismatch(out.to(expected.dtype), scenario, tol):
+                return None
+            return _retyped("output", mine, theirs)
         if torch.finfo(out.dtype).eps < torch.finfo(expected.dtype).eps:
             if scenario_mismatch(out.to(expected.dtype), scenario, tol):
                 return None
@@ -1133,3 +1141,25 @@ def missing_lab_items(session: pytest.Session, items: list) -> list:
         node = KataFile.from_parent(session, path=kata_session.kata_dir / f"{lab}.py")
         added.extend(node.collect())
     return added
+
+
+def _casts_exactly(mine, theirs) -> bool:
+    """Whether `mine` holds the same numbers once cast to `theirs`' dtype, where one of the two is not floating
+    (integer timesteps returned as floats, or the other way): no rounding, no truncation."""
+    import torch
+
+    if mine.is_floating_point() and theirs.is_floating_point():
+        return True
+    if mine.is_complex() or theirs.is_complex():
+        return False
+    if mine.is_floating_point() and not bool(torch.isfinite(mine).all()):
+        return False
+    return bool((mine.double() == mine.to(theirs.dtype).double()).all())
+
+
+def _retyped(where: str, mine: str, theirs: str) -> tuple[str, str]:
+    """The trap for right numbers in another kind of dtype (an integer dtype for a floating one, or the other way)."""
+    return (f"{where} holds the right numbers as {mine} where the reference returns {theirs}",
+            f"Keep the dtype the reference returns ({theirs}): build the tensor from the inputs' own tensors "
+            "(torch.stack and torch.cat keep their dtype; torch.tensor of Python numbers picks its own), or pass "
+            f"dtype=torch.{theirs}.")
