@@ -192,6 +192,12 @@ _ladder_trap("evenly spaced in log σ (the exponential schedule)",
              log_linear=True)
 
 
+@karras_sigmas.trap("ρ fixed at 7 (the rho argument ignored)",
+                    hint="EulerDiscreteScheduler._convert_to_karras hard-codes ρ = 7; this function takes ρ as an "
+                         "argument (EDMEulerScheduler's config.rho): use it.")
+def _(num_inference_steps, sigma_min, sigma_max, rho=7.0):
+    return ladder(num_inference_steps, sigma_min, sigma_max, 7.0)
+
 # ---- sigma_to_t -------------------------------------------------------------------------------------
 sigma_to_t = Kata(
     "sigma_to_t",
@@ -416,6 +422,14 @@ def _(sample, sigma, sigma_data=0.5):
     return _inputs(sample, first, lambda s: 1 / (s**2 + sigma_data**2) ** 0.5, lambda s: 0.25 * s.log())
 
 
+@edm_model_inputs.trap("c_in from the first sample's σ for the whole batch (c_noise per sample)",
+                       hint="Each sample has its own σ, and so its own c_in = 1/√(σ_i² + σ_data²): broadcast c_in as "
+                            "(B, 1, 1, 1), as you did c_noise.")
+def _(sample, sigma, sigma_data=0.5):
+    scaled, _ = _inputs(sample, sigma[:1].expand(sigma.shape[0]), lambda s: 1 / (s**2 + sigma_data**2) ** 0.5,
+                        lambda s: 0.25 * s.log())
+    return scaled, (0.25 * sigma.double().log()).float()
+
 # ---- edm_denoised -----------------------------------------------------------------------------------
 edm_denoised = Kata(
     "edm_denoised",
@@ -529,6 +543,12 @@ def _(sample, model_output, sigma, sigma_data=0.5, prediction_type="epsilon"):
                 lambda s: k * s * sigma_data / (s**2 + sigma_data**2) ** 0.5)
 
 
+@edm_denoised.trap("σ_data fixed at 0.5 (EDM's default; the sigma_data argument ignored)",
+                   hint="0.5 is EDM's σ_data for images normalised to [−1, 1]; a model trained otherwise has its own "
+                        "(its scheduler's config.sigma_data): use the argument in c_skip and c_out.")
+def _(sample, model_output, sigma, sigma_data=0.5, prediction_type="epsilon"):
+    return exact_denoised(sample, model_output, sigma, 0.5, prediction_type).float()
+
 # ---- edm_euler_step ---------------------------------------------------------------------------------
 edm_euler_step = Kata(
     "edm_euler_step",
@@ -640,6 +660,13 @@ def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="
     return _step_with(model_output, sample, sigma, sigma_next, sigma_data, prediction_type, slope_over=sigma_next)
 
 
+@edm_euler_step.trap("σ_data not passed on to edm_denoised (x̂₀ with its default 0.5)",
+                     hint="edm_denoised(..., sigma_data, prediction_type): pass both on, or x̂₀ is preconditioned with "
+                          "EDM's default σ_data = 0.5 whatever the model's.")
+def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
+    return _step_with(model_output, sample, sigma, sigma_next, 0.5, prediction_type)
+
+
 @edm_euler_step.trap("left in float32 for a float16 model",
                      hint="diffusers casts prev_sample back to model_output.dtype: return the model's dtype.")
 def _(model_output, sample, sigma, sigma_next, sigma_data=0.5, prediction_type="epsilon"):
@@ -716,10 +743,22 @@ class GaussianEDMNetwork:
         where = f"network call {self.seen}"
         if not isinstance(x_in, torch.Tensor) or tuple(x_in.shape) != self.shape:
             got = tuple(x_in.shape) if isinstance(x_in, torch.Tensor) else type(x_in).__name__
-            raise KataFailure(f"  {where} got {got} as its input; it takes c_in·x, shaped {self.shape}")
+            per_sample = isinstance(x_in, torch.Tensor) and got == (1, *self.shape[1:]) and self.shape[0] > 1
+            raise KataFailure(f"  {where} got {got} as its input; it takes c_in·x, shaped {self.shape}"
+                              + ("\n  trap: the network called once per sample\n    One call per step on the whole "
+                                 f"batch of {self.shape[0]}: the network is batched (a pipeline never loops over "
+                                 "samples), and each call costs a full forward pass." if per_sample else ""))
         if str(x_in.dtype).replace("torch.", "") != self.dtype:
             raise KataFailure(f"  {where} got a {x_in.dtype} input, but the network runs in {self.dtype}: keep the "
                               "sample in its own dtype between steps (diffusers casts each step's result back)")
+        if isinstance(c_noise, torch.Tensor) and c_noise.is_floating_point() \
+                and torch.finfo(c_noise.dtype).eps > torch.finfo(torch.float32).eps:
+            raise KataFailure(
+                f"  {where} got c_noise as a {str(c_noise.dtype).removeprefix('torch.')} tensor; the network takes "
+                "it in float32, as the scheduler's timesteps are\n"
+                f"  trap: c_noise cast to the sample's dtype\n    The noise label stays float32 whatever the sample's "
+                "dtype: rounded to a half dtype, ¼·ln σ moves σ = e^{4·c_noise} by up to a few percent. Cast x_in "
+                "only.")
         if self.seen > self.calls:
             raise KataFailure(f"  {where}: the ladder has only {self.calls} steps, one network call each")
         return self.predict(x_in, c_noise)
@@ -765,14 +804,15 @@ def _(case, g):
 
 
 def wrong_loop(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon", *, unscaled=False,
-               start_scaled=False, sigma_as_noise=False):
+               start_scaled=False, sigma_as_noise=False, input_sigma_data=None):
     """The loop with one misconception switched on (for traps); all switches off = correct (float64 math)."""
     predict = network.predict if isinstance(network, GaussianEDMNetwork) else network
     x = sample.double() * (sigmas[0].double() if start_scaled else 1)
     sign = -1 if prediction_type == "v_prediction" else 1
     for i in range(len(sigmas) - 1):
         s, s_next = sigmas[i].double(), sigmas[i + 1].double()
-        x_in = (x if unscaled else x / (s**2 + sigma_data**2) ** 0.5).to(sample.dtype)
+        sd_in = sigma_data if input_sigma_data is None else input_sigma_data
+        x_in = (x if unscaled else x / (s**2 + sd_in**2) ** 0.5).to(sample.dtype)
         F = predict(x_in, sigmas[i] if sigma_as_noise else 0.25 * s.log()).double()
         denoised = sigma_data**2 / (s**2 + sigma_data**2) * x + sign * s * sigma_data / (s**2 + sigma_data**2) ** 0.5 * F
         x = (x + (s_next - s) * (x - denoised) / s).to(sample.dtype).double()
@@ -790,6 +830,13 @@ def _(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon"):
                  hint="The network's noise input is c_noise = ¼·ln σ (edm_model_inputs returns it), not σ itself.")
 def _(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon"):
     return wrong_loop(network, sample, sigmas, sigma_data, prediction_type, sigma_as_noise=True)
+
+
+@edm_sample.trap("σ_data not passed on to edm_model_inputs (c_in with its default 0.5)",
+                 hint="edm_model_inputs(x, σ, sigma_data): without it the network's input is scaled for σ_data = 0.5 "
+                      "while the step preconditions with the model's σ_data.")
+def _(network, sample, sigmas, sigma_data=0.5, prediction_type="epsilon"):
+    return wrong_loop(network, sample, sigmas, sigma_data, prediction_type, input_sigma_data=0.5)
 
 
 @edm_sample.trap("the starting sample multiplied by σ_0 again",

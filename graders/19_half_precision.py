@@ -321,6 +321,19 @@ def _(vae, latents):
     return out.half() if vae.config.force_upcast and vae.dtype == torch.float16 else out
 
 
+@decode_latents.trap("latents divided by scaling_factor in float16, before the upcast",
+                     hint="The pipeline moves the latents to float32 first, then divides: in float16 the quotient "
+                          "is rounded to ~3 digits before the float32 decode ever sees it. Cast, then divide.")
+def _(vae, latents):
+    if not (vae.dtype == torch.float16 and vae.config.force_upcast):
+        return reference_decode(vae, latents)
+    vae.to(dtype=torch.float32)
+    with torch.no_grad():
+        image = vae.decode((latents / vae.config.scaling_factor).float(), return_dict=False)[0]
+    vae.to(dtype=torch.float16)
+    return image
+
+
 @decode_latents.trap("latents not divided by scaling_factor",
                      hint="The UNet works on latents multiplied by vae.config.scaling_factor (lab 06): divide "
                           "by it before the decoder.")

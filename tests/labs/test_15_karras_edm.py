@@ -183,6 +183,33 @@ MUTANTS += [
      loop_body(c_noise="sigmas[i]"), Fails("wrong")),
     ("edm_sample",  # two network calls per step (averaged): right values, twice the calls
      loop_body(calls=2), Fails("wrong", "only")),
+    ("edm_sample",  # a blind learner's: the noise label cast to the sample's dtype (float16 runs)
+     loop_body(c_noise="c_noise[0].to(x.dtype)"), "c_noise cast to the sample's dtype"),
+    ("edm_sample",  # a blind learner's: σ_data passed to the step but not to edm_model_inputs
+     loop_body().replace("expand(x.shape[0]), sigma_data)", "expand(x.shape[0]))"),
+     "σ_data not passed on to edm_model_inputs"),
+    ("edm_sample",  # a blind learner's: the network called sample by sample
+     """
+     x = sample
+     for i in range(len(sigmas) - 1):
+         x_in, c_noise = edm_model_inputs(x, sigmas[i].reshape(1).expand(x.shape[0]), sigma_data)
+         model_output = torch.cat([network(x_in[b:b + 1], c_noise[0]) for b in range(x.shape[0])])
+         x = edm_euler_step(model_output, x, sigmas[i], sigmas[i + 1], sigma_data, prediction_type)
+     return x
+     """, "the network called once per sample"),
+    ("edm_euler_step",  # a blind learner's: σ_data not passed on to edm_denoised
+     step_body().replace("sigma_data, prediction_type)", "prediction_type=prediction_type)"),
+     "σ_data not passed on to edm_denoised"),
+    ("edm_denoised",  # a blind learner's: σ_data = 0.5 written in
+     denoised_body(c_skip="0.25 / (s ** 2 + 0.25)", c_out="k * s * 0.5 / (s ** 2 + 0.25) ** 0.5"),
+     "σ_data fixed at 0.5"),
+    ("edm_model_inputs",  # a blind learner's: the first sample's c_in for all, c_noise per sample
+     inputs_body(c_in="(1 / (s[:1] ** 2 + sigma_data ** 2) ** 0.5).expand(s.shape[0])"),
+     "c_in from the first sample's σ for the whole batch"),
+    ("karras_sigmas",  # a blind learner's: _convert_to_karras copied with its ρ = 7
+     ladder_body().replace("lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)",
+                           "rho = 7.0\n    lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)"),
+     "ρ fixed at 7 (the rho argument ignored)"),
 ]
 
 

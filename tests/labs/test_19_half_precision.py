@@ -112,6 +112,10 @@ MUTANTS = [
     ("decode_latents", decode_body(up="False"), "decoded in float16 although force_upcast is set"),
     ("decode_latents", decode_body(out="image.half() if up else image"),
      "image cast back to float16"),
+    ("decode_latents",  # a blind learner's: the division in float16, the quotient upcast
+     decode_body(lat="latents = (latents / vae.config.scaling_factor).float()", scaled="latents if up else "
+                 "latents / vae.config.scaling_factor"),
+     "latents divided by scaling_factor in float16, before the upcast"),
     ("decode_latents", decode_body(scaled="latents"), "latents not divided by scaling_factor"),
     ("decode_latents", decode_body(scaled="latents * vae.config.scaling_factor"),
      "latents multiplied by scaling_factor"),
