@@ -573,7 +573,7 @@ _loop_trap("UNet input not scaled (scale_model_input skipped)",
 @few_step_sample.budget("one UNet call per step, batch B (no CFG batch at guidance ≤ 1)")
 def _(learner, g):
     runs = [("SD-Turbo Euler (trailing)", 0.0, 1), ("LCMScheduler", 1.0, 4)]
-    B, calls, steps, largest = 2, 0, 0, 0
+    B, calls, steps, largest, doubled = 2, 0, 0, 0, False
     for name, scale, n in runs:
         scheduler = SCHEDULERS[name]()
         counter = DenoiserProbe(tiny.unet_cond().requires_grad_(False), label=COUNTED_UNET)
@@ -582,9 +582,13 @@ def _(learner, g):
                 guidance_scale=scale, num_inference_steps=n, generator=torch.Generator().manual_seed(seed_from(g)))
         calls, steps = calls + counter.calls, steps + n
         largest = max([largest, *counter.batch_sizes])
+        doubled = doubled or (scale == 1.0 and set(counter.batch_sizes) == {2 * B})
     return [
         Measurement(f"UNet calls over {steps} steps (SD-Turbo 1 step at s = 0, LCM 4 steps at s = 1)", calls, steps,
                     "calls", "one forward per step: a distilled model's whole cost is its step count"),
         Measurement("largest batch the UNet saw", largest, B, "",
-                    f"the batch of B = {B}: at guidance_scale ≤ 1 there is no unconditional half to run"),
+                    f"the batch of B = {B}: at guidance_scale ≤ 1 there is no unconditional half to run",
+                    trap=("the CFG batch run at guidance_scale = 1 (guidance switched on at s ≥ 1)",
+                          "ε_u + 1·(ε_c − ε_u) = ε_c: at a scale of 1 the unconditional half changes nothing, so the "
+                          "pipeline guides only when guidance_scale > 1.") if doubled else None),
     ]

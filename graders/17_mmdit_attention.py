@@ -697,6 +697,9 @@ FLUX_CASES = [
     dict(guidance_embeds=True, guidance_scale=2.0, true_cfg_scale=2.5, negative=True, batch=2, size=8, text=7),
     dict(guidance_embeds=False, guidance_scale=3.5, true_cfg_scale=1.5, negative=True, batch=1, size=12, text=5),
     dict(guidance_embeds=True, guidance_scale=4.0, true_cfg_scale=3.0, negative=False, batch=1, size=8, text=7),
+    # float16 latents under true CFG: the guided velocity stays in the latents' dtype
+    dict(guidance_embeds=True, guidance_scale=2.0, true_cfg_scale=2.5, negative=True, batch=1, size=8, text=5,
+         dtype="float16"),
 ]
 
 
@@ -705,10 +708,14 @@ def _flux_run(case, g):
     import functools
 
     pipe = tiny.flux_pipeline(case["guidance_embeds"])
+    dtype = DTYPES[case.get("dtype", "float32")]
+    with quiet_diffusers():  # "modules that should be kept in float32: []": none here
+        pipe.transformer.to(dtype)
     B = case["batch"]
     L = case["text"]
-    prompt = (torch.randn(B, L, 16, generator=g), torch.randn(B, 8, generator=g))
-    negative = (torch.randn(B, L, 16, generator=g), torch.randn(B, 8, generator=g)) if case["negative"] else (None, None)
+    prompt = (torch.randn(B, L, 16, generator=g).to(dtype), torch.randn(B, 8, generator=g).to(dtype))
+    negative = ((torch.randn(B, L, 16, generator=g).to(dtype), torch.randn(B, 8, generator=g).to(dtype))
+                if case["negative"] else (None, None))
     calls, steps = [], []
     step = pipe.scheduler.step
 
@@ -720,12 +727,15 @@ def _flux_run(case, g):
     pipe.scheduler.step = recording
     hook = pipe.transformer.register_forward_pre_hook(
         lambda module, args, kwargs: calls.append({k: v for k, v in kwargs.items()}), with_kwargs=True)
+    outputs = pipe.transformer.register_forward_hook(
+        lambda module, args, kwargs, out: calls[-1].update(output=out[0].clone()), with_kwargs=True)
     with torch.no_grad():
         pipe(prompt_embeds=prompt[0], pooled_prompt_embeds=prompt[1], negative_prompt_embeds=negative[0],
              negative_pooled_prompt_embeds=negative[1], guidance_scale=case["guidance_scale"],
              true_cfg_scale=case["true_cfg_scale"], num_inference_steps=4, height=case["size"] * 2,
              width=case["size"] * 2, output_type="latent", generator=torch.Generator().manual_seed(seed_from(g)))
     hook.remove()
+    outputs.remove()
     del pipe.scheduler.step
     return pipe, prompt, negative, calls, steps
 
@@ -742,7 +752,10 @@ def _(case, g):
                   guidance_scale=case["guidance_scale"], true_cfg_scale=case["true_cfg_scale"],
                   negative_prompt_embeds=negative[0], negative_pooled_prompt_embeds=negative[1])
     per_step = len(calls) // len(steps)
-    return Scenario(inputs=inputs, expected=steps[k]["noise_pred"],
+    # the float64 shadow: the transformer's own outputs at this step, guided in float64
+    v = [c["output"].double() for c in calls[per_step * k:per_step * (k + 1)]]
+    exact = v[1] + case["true_cfg_scale"] * (v[0] - v[1]) if per_step == 2 else v[0]
+    return Scenario(inputs=inputs, expected=steps[k]["noise_pred"], exact=exact,
                     label=f"step {k + 1}/4, t = {float(steps[k]['t']):.1f}; guidance "
                           + ("embedded" if case["guidance_embeds"] else "not embedded (no guidance_embeds)")
                           + f"; the pipeline called the transformer {per_step}× a step")
@@ -798,16 +811,22 @@ def _(**kw):
 
 @flux_velocity.budget("one transformer call a step (two only for true CFG)")
 def _(learner, g):
-    measured, allowed = 0, 0
-    for case in (FLUX_CASES[0], FLUX_CASES[1]):
+    measurements = []
+    for case, what, trap in (
+            (FLUX_CASES[0], "transformer calls for one step of Flux-dev (guidance 3.5; true_cfg_scale 1, a negative "
+                            "prompt given)",
+             ("true CFG run at true_cfg_scale = 1 (a second call for the same velocity)",
+              "v_u + 1·(v_c − v_u) = v_c: at a scale of 1 the unconditional call changes nothing, so FluxPipeline "
+              "runs it only when true_cfg_scale > 1.")),
+            (FLUX_CASES[1], "transformer calls for one step with true CFG 2.5", None)):
         pipe, prompt, negative, calls, steps = _flux_run(case, g)
         probe = DenoiserProbe(pipe.transformer)
         learner(transformer=probe, latents=steps[0]["latents"], timestep=steps[0]["t"], prompt_embeds=prompt[0],
                 pooled_prompt_embeds=prompt[1], text_ids=calls[0]["txt_ids"], latent_image_ids=calls[0]["img_ids"],
                 guidance_scale=case["guidance_scale"], true_cfg_scale=case["true_cfg_scale"],
                 negative_prompt_embeds=negative[0], negative_pooled_prompt_embeds=negative[1])
-        measured += probe.calls
-        allowed += len(calls) // len(steps)
-    return [Measurement("transformer calls for one step of Flux-dev (guidance 3.5) and one with true CFG 2.5",
-                        measured, allowed, "calls",
-                        "distilled guidance is an input of the one call; only true CFG pays a second")]
+        allowed = len(calls) // len(steps)
+        measurements.append(Measurement(what, probe.calls, allowed, "calls",
+                                        "distilled guidance is an input of the one call; only true CFG pays a second",
+                                        trap=trap if probe.calls == allowed + 1 else None))
+    return measurements

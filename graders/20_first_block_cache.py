@@ -564,10 +564,15 @@ def _(learner, g):
         learner(blocks=blocks, hidden_states=c["hidden_states"], encoder_hidden_states=c["encoder_hidden_states"],
                 temb=c["temb"], image_rotary_emb=c["image_rotary_emb"], cache=c["cache_before"], threshold=threshold)
     allowed, skipped = _allowed(calls, len(blocks))
+    every = len(blocks.calls) == len(calls) * len(blocks)  # the cost of running every block on every call
     return [Measurement(f"block calls over {len(calls)} transformer calls ({skipped} skipped by diffusers)",
                         len(blocks.calls), allowed, "calls",
                         f"{len(blocks)} blocks per computed call, 1 (the first) per skipped call: the saving is the "
-                        "point of the cache")]
+                        "point of the cache",
+                        trap=("every block run on a skipped call (the cache consulted after the work)",
+                              "Decide from the first block's residual alone, then run the remaining blocks only when "
+                              "the change is over the threshold: a skipped call costs one block, not all of them.")
+                        if every else None)]
 
 
 @cached_transformer_calls.budget("block calls over a cached CFG run")

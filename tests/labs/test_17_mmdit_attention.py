@@ -150,6 +150,9 @@ MUTANTS = [
     ("flux_velocity", flux_body(g="torch.full([1], guidance_scale * 1000).expand(B)"), "guidance multiplied by 1000"),
     ("flux_velocity", flux_body(t="timestep.expand(B).to(latents.dtype)"), "the timestep passed as t (0 … 1000)"),
     ("flux_velocity", flux_body(combine="v + true_cfg_scale * (u - v)"), "true CFG with its branches swapped"),
+    ("flux_velocity",  # a blind learner's: the guided velocity combined in float32, never cast back
+     flux_body(combine="u.float() + true_cfg_scale * (v.float() - u.float())"),
+     "computed in float32 and never cast back to float16"),
 
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("joint_attention", joint_body(txt="attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k",
@@ -231,6 +234,9 @@ MUTANTS = [
 
 # Right answers written another way: each must pass (see test_mutants.py).
 ALTERNATIVES = [
+    ("flux_velocity",  # the guided velocity combined in float64, cast back once: closer to exact math
+     flux_body(combine="(u.double() + true_cfg_scale * (v.double() - u.double())).to(latents.dtype)"),
+     "true CFG combined in float64 and cast back to the latents' dtype once"),
     ("joint_attention",
      joint_body(order="(q2, q), (k2, k), (v2, v)", split="o[:, o.shape[1] - n:], o[:, :o.shape[1] - n]"),
      "text first, split accordingly: attention without positions does not care about the order of its tokens"),

@@ -76,15 +76,20 @@ TWINS = [
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         return scores.softmax(-1).nan_to_num() @ value  # a query with every key masked: 0, as SDPA
      """, "OVER peak"),
-    ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", EVERY_BLOCK, "OVER block calls"),
+    ("20_first_block_cache", "first_block_cache_step", "a skipped call runs the first block only", EVERY_BLOCK,
+     "trap: every block run on a skipped call"),
     ("20_first_block_cache", "cached_transformer_calls", "block calls over a cached CFG run", None, "OVER block calls"),
     ("21_serving_batcher", "serve", "one denoiser call per tick, rows of the active requests only",
      importlib.import_module("test_21_serving_batcher").serve_body(call="each"), "call by call"),
     ("17_mmdit_attention", "flux_velocity", "one transformer call a step (two only for true CFG)",
      # true CFG at any true_cfg_scale, 1.0 included: v_u + 1·(v_c − v_u) = v_c, the right values for a second call
      importlib.import_module("test_17_mmdit_attention").flux_body(second="negative_prompt_embeds is not None"),
-     "OVER transformer calls"),
+     "trap: true CFG run at true_cfg_scale = 1"),
     ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)", THROWN_AWAY, "UNet calls over 5 steps"),
+    ("16_few_step", "few_step_sample", "one UNet call per step, batch B (no CFG batch at guidance ≤ 1)",
+     # a blind learner's: guidance from s ≥ 1, the doubled batch at s = 1 for the same values (ε_u + 1·(ε_c − ε_u))
+     importlib.import_module("test_16_few_step").loop_body(guide="guidance_scale >= 1"),
+     "trap: the CFG batch run at guidance_scale = 1"),
     ("25_video_latents", "decode_to_uint8", "peak memory: the uint8 video and one chunk, not the float video",
      importlib.import_module("test_25_video_latents").WHOLE_VIDEO, "OVER peak live bytes"),
 ]
@@ -182,8 +187,17 @@ def test_a_correct_valued_twin_with_the_wrong_cost_is_rejected_on_a_gpu(grade_mu
     assert says in graded.text, graded.text
 
 
-@pytest.mark.parametrize("lab, function, budget, body, says", TWINS,
-                         ids=[f"{t[0][:2]}-{t[1]}-{t[2]}" for t in TWINS])
+def _twin_ids(twins) -> list[str]:
+    """lab-function-budget, with -2, -3 … for a budget's second and later twins."""
+    ids, seen = [], {}
+    for t in twins:
+        base = f"{t[0][:2]}-{t[1]}-{t[2]}"
+        seen[base] = seen.get(base, 0) + 1
+        ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return ids
+
+
+@pytest.mark.parametrize("lab, function, budget, body, says", TWINS, ids=_twin_ids(TWINS))
 def test_a_correct_valued_twin_with_the_wrong_cost_is_rejected(grade_mutant, lab, function, budget, body, says):
     graded = grade_mutant(lab, function, body if body is not None else twice(lab, function))
     assert graded.status in ("over budget", "failed"), graded

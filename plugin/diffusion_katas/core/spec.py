@@ -147,6 +147,8 @@ class Measurement:
     unit: str  # "bytes", "FLOPs", "calls", "ms", "x"
     why: str  # where the allowance comes from
     at_least: bool = False  # the allowance is a floor (a batch at least 2B wide), not a ceiling
+    # the mistake that explains this measurement over its allowance, where one does: (name, hint)
+    trap: tuple[str, str] | None = None
 
     @property
     def over(self) -> bool:

@@ -222,6 +222,9 @@ def budget_text(item) -> str:
         allowed = f"at least {human(m.allowed, m.unit)}" if m.at_least else human(m.allowed, m.unit)
         lines.append(f"  {mark} {m.what}: measured {human(m.measured, m.unit)}, "
                      f"allowed {allowed}{ratio}\n         allowance: {m.why}")
+    named = [m.trap for m in item.measurements if m.over and m.trap]
+    if len(set(named)) == 1:  # one mistake explains every miss; two different ones would be a guess
+        lines.append(f"  trap: {named[0][0]}\n    {named[0][1]}")
     return "\n".join(lines)
 
 
