@@ -120,11 +120,12 @@ def _(case, g):
 
 def _joint(attn, x, c, *, shared=False, text_first_split=False, separate=False, text_to_out=False,
            no_norm=False, shared_in=False, no_add_out=False, image_norm_on_text=False, split_text_first=False,
-           scale_over_d=False, no_text_norm=False):
+           scale_over_d=False, no_text_norm=False, scale_over_inner=False):
     """Joint attention with one misconception switched on (for traps); all off = correct."""
     heads, n = attn.heads, x.shape[1]
     sdpa = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=1 / q.shape[-1])) if scale_over_d \
-        else F.scaled_dot_product_attention
+        else (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=(heads * q.shape[-1]) ** -0.5)) \
+        if scale_over_inner else F.scaled_dot_product_attention
     txt_layers = ((attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k) if shared or shared_in else
                   (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
                    *((attn.norm_q, attn.norm_k) if image_norm_on_text else (attn.norm_added_q, attn.norm_added_k))))
@@ -199,6 +200,13 @@ def _(attn, hidden_states, encoder_hidden_states):
                            "output are o[:, :N] and the text's o[:, N:].")
 def _(attn, hidden_states, encoder_hidden_states):
     return _joint(attn, hidden_states, encoder_hidden_states, split_text_first=True)
+
+
+@joint_attention.trap("the scores scaled by 1/√(heads·d), the whole inner width, not 1/√d of one head",
+                      hint="Each head attends on its own d = inner_dim / heads channels: the scale is 1/√d "
+                           "(attn.scale; SDPA's default on (B, H, L, d) tensors), not 1/√inner_dim.")
+def _(attn, hidden_states, encoder_hidden_states):
+    return _joint(attn, hidden_states, encoder_hidden_states, scale_over_inner=True)
 
 
 @joint_attention.trap("two separate attentions (image with image, text with text)",
@@ -787,6 +795,14 @@ def _flux(transformer, latents, timestep, prompt_embeds, pooled_prompt_embeds, t
                          "it by 1000 inside, as it does the timestep.")
 def _(**kw):
     return _flux(**kw, guidance_times=1000.0)
+
+
+@flux_velocity.trap("guidance divided by 1000 like the timestep (the transformer multiplies it back)",
+                    hint="FluxPipeline passes guidance = full([B], guidance_scale) as it is; the transformer "
+                         "multiplies both the timestep and the guidance by 1000, but only the timestep arrives "
+                         "divided (t/1000).")
+def _(**kw):
+    return _flux(**kw, guidance_times=0.001)
 
 
 @flux_velocity.trap("the timestep passed as t (0 … 1000), not t/1000",

@@ -499,10 +499,11 @@ def _(case, g):
                           "(C: every block ran, ·: skipped)")
 
 
-def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=False, follow_cond=False):
+def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=False, follow_cond=False,
+           by_parity=False):
     caches, out, cond_ran = {}, [], True
-    for call in calls:
-        key = "one" if shared else call["context"]
+    for i, call in enumerate(calls):
+        key = "one" if shared else (i % 2) if by_parity else call["context"]
         before = None if forget else caches.get(key)
         here = threshold
         if follow_cond and call["context"] != "cond" and before is not None:
@@ -523,6 +524,14 @@ def _calls(blocks, calls, threshold, *, shared=False, forget=False, flag_before=
                                     "context keeps its own cache. Key the caches by call['context'].")
 def _(**kw):
     return _calls(**kw, shared=True)
+
+
+@cached_transformer_calls.trap("the caches picked by the call's position (even/odd), not by its context",
+                               hint="Which cache a call uses is in call['context'] ('cond' or 'uncond'): without true "
+                                    "CFG every call is 'cond', and with it the order is the pipeline's business. Key "
+                                    "the caches by the context, not by counting calls.")
+def _(**kw):
+    return _calls(**kw, by_parity=True)
 
 
 @cached_transformer_calls.trap("the computed flag read from the cache before the call (the previous call's decision)",

@@ -122,13 +122,13 @@ def _(case, g):
     return Scenario(inputs=dict(entries=entries), expected=expected, label=f"{case['scheduler']}: {label}")
 
 
-def _pack(entries, *, order="np", one_t=False, double_all=False, cfg_at_one=False):
+def _pack(entries, *, order="np", one_t=False, double_all=False, cfg_at_one=False, negative_alone=False):
     samples, ts, texts, layout, start = [], [], [], [], 0
     for e in entries:
         cfg = e["guidance_scale"] > 1 or double_all or (cfg_at_one and e["guidance_scale"] >= 1)
         rows = 2 if cfg else 1
         pair = [e["negative_prompt_embeds"], e["prompt_embeds"]]
-        texts += (pair if order == "np" else pair[::-1]) if cfg else [e["prompt_embeds"]]
+        texts += (pair if order == "np" else pair[::-1]) if cfg else [pair[0] if negative_alone else pair[1]]
         samples += [e["sample"]] * rows
         ts += [entries[0]["timestep"] if one_t else e["timestep"]] * rows
         layout.append((start, start + rows))
@@ -155,6 +155,13 @@ def _(entries):
                       "guided noise equals the text prediction, so the request takes one row (uses_cfg).")
 def _(entries):
     return _pack(entries, cfg_at_one=True)
+
+
+@pack_batch.trap("a request without CFG given its negative prompt (the pair's first row)",
+                 hint="A request that does not guide runs on its prompt alone: its one text row is prompt_embeds. "
+                      "[negative, positive][:rows] keeps the wrong one.")
+def _(entries):
+    return _pack(entries, negative_alone=True)
 
 
 @pack_batch.trap("two rows for every request (CFG assumed)",
@@ -424,7 +431,7 @@ def _(case, g):
 
 
 def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_scheduler=False, shared_generator=False,
-           unscaled=False, sigma_first=False, per_length=False, drop_cancelled=False):
+           unscaled=False, sigma_first=False, per_length=False, drop_cancelled=False, scaled_kept=False):
     pending, active, finished, tick = list(requests), [], {}, 0
     by_length = {}
     generator = torch.Generator().manual_seed(requests[0]["seed"]) if shared_generator else None
@@ -450,7 +457,10 @@ def _serve(unet, scheduler, requests, latent_shape, max_rows=None, *, shared_sch
             entries = []
             for a in active:
                 t = a["s"].timesteps[a["k"]]
-                entries.append(dict(sample=a["s"].scale_model_input(a["x"], t), timestep=t,
+                scaled = a["s"].scale_model_input(a["x"], t)
+                if scaled_kept:
+                    a["x"] = scaled
+                entries.append(dict(sample=scaled, timestep=t,
                                     prompt_embeds=a["r"]["prompt_embeds"],
                                     negative_prompt_embeds=a["r"]["negative_prompt_embeds"],
                                     guidance_scale=a["r"]["guidance_scale"]))
@@ -481,6 +491,13 @@ def _(**kw):
                  "that tick has already finished, and its latents are in the result.")
 def _(**kw):
     return _serve(**kw, drop_cancelled=True)
+
+
+@serve.trap("the scaled model input kept as the request's latents (the step taken from c_in·x)",
+            hint="scale_model_input makes what the UNet reads (Euler: x/√(σ² + 1)); the scheduler steps from the "
+                 "unscaled latents. Keep them apart: x_in = scale_model_input(x, t) for the batch, x for step.")
+def _(**kw):
+    return _serve(**kw, scaled_kept=True)
 
 
 @serve.trap("one scheduler shared by every request (set_timesteps for one resets the others)",

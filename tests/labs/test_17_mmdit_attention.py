@@ -150,6 +150,12 @@ MUTANTS = [
     ("flux_velocity", flux_body(g="torch.full([1], guidance_scale * 1000).expand(B)"), "guidance multiplied by 1000"),
     ("flux_velocity", flux_body(t="timestep.expand(B).to(latents.dtype)"), "the timestep passed as t (0 … 1000)"),
     ("flux_velocity", flux_body(combine="v + true_cfg_scale * (u - v)"), "true CFG with its branches swapped"),
+    ("flux_velocity", flux_body(g="torch.full([1], guidance_scale / 1000).expand(B)"),
+     "guidance divided by 1000 like the timestep"),
+    ("joint_attention",  # a blind learner's: 1/√(H·d)
+     joint_body(attend="merge_heads(F.scaled_dot_product_attention(query, key, value, "
+                       "scale=(heads * query.shape[-1]) ** -0.5))"),
+     "the scores scaled by 1/√(heads·d)"),
     ("flux_velocity",  # a blind learner's: the guided velocity combined in float32, never cast back
      flux_body(combine="u.float() + true_cfg_scale * (v.float() - u.float())"),
      "computed in float32 and never cast back to float16"),

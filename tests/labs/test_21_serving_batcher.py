@@ -103,6 +103,15 @@ MUTANTS = [
     ("pack_batch",  # timesteps rebuilt from Python floats: float32 where the requests' are int64 (DDIM)
      pack_body().replace("torch.stack(ts)", "torch.tensor([float(t) for t in ts])"),
      "output[1] holds the right numbers as float32 where the reference returns int64"),
+    ("pack_batch",  # a blind learner's: [negative, positive][:rows], the negative prompt for a one-row request
+     pack_body().replace("texts += [e['negative_prompt_embeds'], e['prompt_embeds']] if n == 2 else [e['prompt_embeds']]",
+                         "texts += [e['negative_prompt_embeds'], e['prompt_embeds']][:n]"),
+     "a request without CFG given its negative prompt"),
+    ("serve",  # a blind learner's: the scaled input written back into the latents (Euler steps from it)
+     serve_body().replace("entries.append(dict(sample=a['s'].scale_model_input(a['x'], t), timestep=t,",
+                          "a['x'] = a['s'].scale_model_input(a['x'], t)\n"
+                          "                entries.append(dict(sample=a['x'], timestep=t,"),
+     "the scaled model input kept as the request's latents"),
     ("pack_batch",  # the layout as (start, number of rows)
      pack_body(span="(start, n)"), Fails("wrong", "")),
     ("split_guided", split_body(combine="c + s * (u - c)"), "uncond and text rows swapped"),
