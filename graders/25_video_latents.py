@@ -167,6 +167,9 @@ SHAPE_CASES = [
     dict(source="encoder", batch=1, num_frames=5, height=24, width=16, spatial=4),
     dict(source="encoder", batch=1, num_frames=9, height=16, width=16, temporal=2),
     dict(source="encoder", batch=1, num_frames=12, height=16, width=16),  # F a multiple of t: F // t + 1 says 4, not 3
+    # H and W not multiples of s: each downsampling floors, so the latent side is H // s (a ceiling says one more)
+    dict(source="encoder", batch=1, num_frames=5, height=20, width=12),
+    dict(source="encoder", batch=1, num_frames=5, height=22, width=18, spatial=4),
 ]
 
 
@@ -184,6 +187,13 @@ def _(case, g):
         label = f"the latents AutoencoderKLWan.encode made of {F} frames"
     return Scenario(inputs=dict(batch_size=B, num_frames=F, height=H, width=W, latent_channels=c, temporal=t,
                                 spatial=s), expected=shape, label=f"{label} (t = {t}, s = {s})")
+
+
+@latent_shape.trap("H / s rounded up (a partial latent pixel kept)",
+                   hint="Each of the VAE's downsamplings halves the side and drops the odd pixel: the latent side is "
+                        "H // s, rounded down (the pipeline asks for sides divisible by 16 for that reason).")
+def _(batch_size, num_frames, height, width, latent_channels, temporal=4, spatial=8):
+    return (batch_size, latent_channels, (num_frames - 1) // temporal + 1, -(-height // spatial), -(-width // spatial))
 
 
 @latent_shape.trap("F // t latent frames (the first frame's own latent forgotten)",

@@ -117,6 +117,8 @@ MUTANTS = [
     ("split_guided", split_body(combine="c + s * (u - c)"), "uncond and text rows swapped"),
     ("split_guided", split_body(rows="noise_pred[2 * i:2 * i + (b - a)]"), "two rows assumed per request"),
     ("split_guided", split_body(scale="guidance_scales[0]"), "the first request's guidance scale for every request"),
+    ("split_guided",  # a blind learner's: a one-row request's row taken with an integer index
+     split_body(rows="noise_pred[a:b] if b - a == 2 else noise_pred[a]"), "output[1]: the right values with the size-1 axis 0 dropped"),
     ("split_guided", split_body(combine="c + s * (c - u)"), "guided from the text prediction"),
     ("serve", serve_body(own="scheduler"), "one scheduler shared by every request"),
     ("serve",  # one scheduler per step count: fine for DDIM, whose step keeps no count; Euler's does

@@ -89,6 +89,12 @@ MUTANTS = [
      "F // t latent frames"),
     ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal + 1, height // spatial, width // spatial)",
      "F // t + 1 latent frames"),
+    ("latent_shape",  # a blind learner's: the sides rounded up
+     "return (batch_size, latent_channels, (num_frames - 1) // temporal + 1, -(-height // spatial), "
+     "-(-width // spatial))", "H / s rounded up"),
+    ("latent_shape",  # a blind learner's: frames before channels
+     "return (batch_size, (num_frames - 1) // temporal + 1, latent_channels, height // spatial, width // spatial)",
+     "the right values in another order"),
     ("latent_shape",  # height and width swapped
      "return (batch_size, latent_channels, (num_frames - 1) // temporal + 1, width // spatial, height // spatial)",
      Fails("wrong", "")),

@@ -60,6 +60,16 @@ def test_right_values_at_other_indices_are_named_a_layout_mistake(toy):
                                  "*output is the reference reversed along dimension 0*"])
 
 
+@pytest.mark.parametrize("body, named", [
+    ("return (x / x.norm()).unsqueeze(0)", "*trap: output: the right values with an extra size-1 axis 0*"),
+    ("return (x / x.norm()).reshape(4, 1)", "*trap: output: the right values with an extra size-1 axis 1*"),
+])
+def test_right_values_with_a_size_one_axis_too_many_are_named_so(toy, body, named):
+    toy.kata(normalize=body)
+    result = toy.run("katas", "-k", "normalize")
+    result.stdout.fnmatch_lines(["*output has shape*", named])
+
+
 def test_other_values_in_the_right_shape_are_no_layout_mistake(toy):
     toy.kata(normalize="return (x / x.norm()).flip(0) * 1.5")
     result = toy.run("katas", "-k", "normalize")

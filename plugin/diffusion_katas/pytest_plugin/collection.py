@@ -741,11 +741,19 @@ class KataItem(pytest.Item):
         pairs = [("output", out, expected)]
         if type(out) in (tuple, list) and type(expected) is type(out) and len(out) == len(expected):
             pairs = [(f"output[{i}]", a, e) for i, (a, e) in enumerate(zip(out, expected))]
+        if _numbers(out) and _numbers(expected) and len(out) == len(expected) and type(out) is type(expected) \
+                and list(out) != list(expected) and sorted(out) == sorted(expected) and len(set(expected)) > 1:
+            return (f"the right values in another order (output: {list(out)}, expected {list(expected)})",
+                    "Every value is right, each in another place: check the order the docstring gives "
+                    "(diffusers' layouts put channels before frames and spatial sizes: (B, C, F, H, W)).")
         for where, mine, theirs in pairs:
             if not (type(mine) is torch.Tensor and type(theirs) is torch.Tensor):
                 continue
             if mismatch(mine, theirs, tol) is None:
                 continue
+            axis = _size_one_axis(mine, theirs)
+            if axis is not None and mismatch(mine.reshape(theirs.shape), theirs, tol) is None:
+                return axis[0].format(where=where), axis[1]
             if mine.shape != theirs.shape or mine.dtype != theirs.dtype or theirs.numel() < 4 \
                     or theirs.is_complex() or theirs.unique().numel() < 4:
                 return None
@@ -1163,3 +1171,25 @@ def _retyped(where: str, mine: str, theirs: str) -> tuple[str, str]:
             f"Keep the dtype the reference returns ({theirs}): build the tensor from the inputs' own tensors "
             "(torch.stack and torch.cat keep their dtype; torch.tensor of Python numbers picks its own), or pass "
             f"dtype=torch.{theirs}.")
+
+
+def _numbers(value) -> bool:
+    """A tuple or list of plain Python numbers (a shape, a schedule of ints)."""
+    return type(value) in (tuple, list) and len(value) > 1 and all(
+        type(v) in (int, float) for v in value)
+
+
+def _size_one_axis(mine, theirs) -> tuple[str, str] | None:
+    """(name, hint) where `mine` is `theirs`' shape with one size-1 axis dropped, or one added; else None."""
+    got, want = tuple(mine.shape), tuple(theirs.shape)
+    if len(got) + 1 == len(want) and any(want[:i] + want[i + 1:] == got for i in range(len(want)) if want[i] == 1):
+        i = next(i for i in range(len(want)) if want[i] == 1 and want[:i] + want[i + 1:] == got)
+        return ("{where}: the right values with the size-1 axis " + str(i) + " dropped",
+                f"The reference keeps it: shape {want}, not {got}. x[i] drops an axis where x[i:i + 1] keeps it; so "
+                "do squeeze() and a reduction without keepdim=True.")
+    if len(got) == len(want) + 1 and any(got[:i] + got[i + 1:] == want for i in range(len(got)) if got[i] == 1):
+        i = next(i for i in range(len(got)) if got[i] == 1 and got[:i] + got[i + 1:] == want)
+        return ("{where}: the right values with an extra size-1 axis " + str(i),
+                f"The reference has shape {want}, not {got}: an unsqueeze, x[None] or keepdim=True too many "
+                "(or a slice x[i:i + 1] where x[i] was meant).")
+    return None
