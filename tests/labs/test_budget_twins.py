@@ -121,6 +121,15 @@ def solution_block(lab: str, function: str) -> str:
     return textwrap.dedent("\n".join(lines[begin + 1:end]))
 
 
+TWINS.append(
+    ("11_memory", "chunked_attention", "peak bytes under the naive score matrix",
+     # a blind learner's: the mask made one float bias of the whole (B, H, Lq, Lk) up front, sliced per chunk
+     "if attn_mask is not None and attn_mask.dtype == torch.bool:\n"
+     "    full = attn_mask.expand(*query.shape[:-1], key.shape[-2]).to(query.dtype)  # held through the loop\n"
+     "    attn_mask = full > 0\n"
+     + solution_block("11_memory", "chunked_attention"), "OVER the same with a key-padding mask"))
+
+
 def whole_decoded_too() -> str:
     """tiled_decode's solution after a decode of the WHOLE latent, kept to the end (a preview cropped from it,
     say): the right values, and the untiled decode's memory on top of the tiles'."""
