@@ -18,7 +18,7 @@ from diffusers.schedulers.scheduling_ddpm import (
     rescale_zero_terminal_snr as reference_zsnr,
 )
 
-from diffusion_katas.core.spec import Kata, Scenario
+from diffusion_katas.core.spec import Kata, KataFailure, Scenario
 from diffusion_katas.core.tolerances import SCHEDULE
 from diffusion_katas.engine.helpers import DTYPES, SCHEDULERS, SD_BETAS
 
@@ -165,11 +165,28 @@ alphas_cumprod = Kata(
 
 @alphas_cumprod.check("vs DDPMScheduler.alphas_cumprod",
                       cases=[dict(schedule="scaled_linear"), dict(schedule="linear"),
-                             dict(schedule="squaredcos_cap_v2"), dict(schedule="linear", T=37)], tol=SCHEDULE)
+                             dict(schedule="squaredcos_cap_v2"), dict(schedule="linear", T=37),
+                             # zero terminal SNR: β_T = 1, so ᾱ_T is exactly 0
+                             dict(schedule="scaled_linear", rescale_betas_zero_snr=True)], tol=SCHEDULE)
 def _(case, g):
-    s = scheduler(case["schedule"], num_train_timesteps=case.get("T", 1000))
+    s = scheduler(case["schedule"], num_train_timesteps=case.get("T", 1000),
+                  rescale_betas_zero_snr=case.get("rescale_betas_zero_snr", False))
     return Scenario(inputs=dict(betas=s.betas.clone()), expected=s.alphas_cumprod,
-                    exact=torch.cumprod(1.0 - s.betas.double(), dim=0))
+                    exact=torch.cumprod(1.0 - s.betas.double(), dim=0),
+                    verify=_zero_terminal_snr if case.get("rescale_betas_zero_snr") else None)
+
+
+def _zero_terminal_snr(out) -> None:
+    """At zero terminal SNR ᾱ_T is 0 exactly: a tiny nonzero value is within any float tolerance of it, but it is
+    another schedule (σ_T = √((1 − ᾱ_T)/ᾱ_T) finite, the last step not pure noise). Judged on its own."""
+    if isinstance(out, torch.Tensor) and out.dim() == 1 and len(out) and out.is_floating_point() \
+            and bool(torch.isfinite(out[-1])) and float(out[-1]) != 0.0:
+        tiny = 0 < float(out[-1]) <= 1e-6
+        raise KataFailure(
+            f"  ᾱ_T should be exactly 0 (β_T = 1: zero terminal SNR), got {float(out[-1])!r}"
+            + ("\n  trap: ᾱ_T = 0 replaced by a tiny value (Euler's 2⁻²⁴ guard against an infinite σ)\n    ᾱ is "
+               "the running product, 0 at zero terminal SNR: that 0 is the point. Euler and DPM-Solver put 2⁻²⁴ in "
+               "their own copy only to keep σ_T = √((1 − ᾱ)/ᾱ) finite." if tiny else ""))
 
 
 @alphas_cumprod.trap("a running product of β instead of 1 − β",

@@ -79,6 +79,9 @@ MUTANTS = [
      """,
      "one timestep for the whole batch"),
     ("alphas_cumprod", "return 1 - torch.cumsum(betas, dim=0)", "a running sum"),
+    ("alphas_cumprod",  # a blind learner's: Euler's zero-SNR guard copied into the table itself
+     "a = torch.cumprod(1.0 - betas, dim=0)\na[-1] = a[-1] if a[-1] > 0 else 2.0 ** -24\nreturn a",
+     "ᾱ_T = 0 replaced by a tiny value"),
     ("add_noise",
      """
      a = alphas_cumprod.to(x0.dtype)[timesteps].reshape(-1, *[1] * (x0.dim() - 1))
@@ -161,6 +164,8 @@ ALTERNATIVES = [
      "vectorised in float64 instead of a Python loop"),
     ("alphas_cumprod", "return torch.cumprod(1 - betas.double(), dim=0).to(betas.dtype)",
      "the running product in float64, cast once"),
+    ("alphas_cumprod", "return torch.log1p(-betas.double()).cumsum(0).exp().to(betas.dtype)",
+     "in log space, float64 (log1p(−1) = −inf gives ᾱ_T = 0 exactly)"),
 ]
 
 
