@@ -75,6 +75,14 @@ def _(beta_start, beta_end, num_train_timesteps):
     return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32).sqrt()
 
 
+@scaled_linear_betas.trap("the √β ramp as i/T (β_end never reached)",
+                          hint="linspace(√β_start, √β_end, T) includes both ends: step i/(T − 1), so β_{T−1} = β_end "
+                               "exactly. arange(T)/T stops one step short.")
+def _(beta_start, beta_end, num_train_timesteps):
+    ramp = torch.arange(num_train_timesteps, dtype=torch.float64) / num_train_timesteps
+    return ((beta_start**0.5 + ramp * (beta_end**0.5 - beta_start**0.5)) ** 2).float()
+
+
 @scaled_linear_betas.trap("built in float16, cast to float32 at the end",
                           hint="β is small but needs float32's 7 digits: float16 keeps about 3, so neighbouring βs "
                                "collapse onto the same value. Build the linspace in float32 (dtype=torch.float32).")
@@ -115,6 +123,16 @@ def _f(t, offset=0.008):
 def _(num_train_timesteps, max_beta=0.999):
     T = num_train_timesteps
     return torch.tensor([1 - _f((i + 1) / T) / _f(i / T) for i in range(T)], dtype=torch.float32)
+
+
+@cosine_betas.trap("vectorised in float32 tensors (1 − f(t + 1/T)/f(t) cancels for the first, tiny βs)",
+                   hint="The early βs are ~4e-5: 1 minus a ratio that close to 1 keeps only the digits float32 has "
+                        "left. diffusers loops in Python floats (float64); vectorise in float64 and cast once.")
+def _(num_train_timesteps, max_beta=0.999):
+    T = num_train_timesteps
+    t = torch.arange(T, dtype=torch.float32)
+    f = lambda u: torch.cos((u + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+    return (1 - f((t + 1) / T) / f(t / T)).clamp(max=max_beta)
 
 
 @cosine_betas.trap("the 0.008 offset is missing",
@@ -352,6 +370,13 @@ def _(x0, noise, alphas_cumprod, timesteps):
     return a**0.5 * x0 - (1 - a) ** 0.5 * noise
 
 
+@velocity.trap("the flow-matching velocity ε − x_0 (lab 13's), not v = √ᾱ·ε − √(1 − ᾱ)·x_0",
+               hint="v-prediction's v is the rate of change on the unit circle (Salimans & Ho): √ᾱ·ε − √(1 − ᾱ)·x_0. "
+                    "ε − x_0 is rectified flow's velocity along a straight line.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    return noise - x0
+
+
 @velocity.trap("computed in float32 and cast to float16 at the end",
                hint="That is more accurate than diffusers, and everywhere else in the course it passes; the "
                     "forward process (add_noise, velocity) is the one place whose lesson is where the cast "
@@ -426,6 +451,13 @@ def _rescaled_sqrt_abar(betas):
     s = torch.cumprod(1 - betas, 0).sqrt()
     s0, sT = s[0].clone(), s[-1].clone()
     return (s - sT) * (s0 / (s0 - sT))
+
+
+@rescale_zero_terminal_snr.trap("the rescaled βs capped at 0.999 (β_T must be exactly 1)",
+                                hint="Zero terminal SNR means ᾱ_T = 0, so the last β is 1: a cap (the cosine "
+                                     "schedule's max_beta) gives the last step a little signal again.")
+def _(betas):
+    return reference_zsnr(betas.clone()).clamp(max=0.999)
 
 
 @rescale_zero_terminal_snr.trap("only the last β set to 1",

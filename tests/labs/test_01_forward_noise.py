@@ -78,6 +78,27 @@ MUTANTS = [
      return a.sqrt() * x0 + (1 - a).sqrt() * noise
      """,
      "one timestep for the whole batch"),
+    ("scaled_linear_betas",  # a blind learner's: the ramp i/T
+     """
+     r = torch.arange(num_train_timesteps, dtype=torch.float32) / num_train_timesteps
+     return (beta_start ** 0.5 + r * (beta_end ** 0.5 - beta_start ** 0.5)) ** 2
+     """, "the √β ramp as i/T"),
+    ("cosine_betas",  # a blind learner's: vectorised in float32
+     """
+     i = torch.arange(num_train_timesteps, dtype=torch.float32)
+     f = torch.cos((i / num_train_timesteps + 0.008) / 1.008 * torch.pi / 2) ** 2
+     g = torch.cos(((i + 1) / num_train_timesteps + 0.008) / 1.008 * torch.pi / 2) ** 2
+     return torch.clamp(1 - g / f, max=max_beta)
+     """, "vectorised in float32 tensors"),
+    ("velocity", "return noise - x0", "the flow-matching velocity ε − x_0"),
+    ("rescale_zero_terminal_snr",  # a blind learner's: capped like the cosine schedule
+     """
+     s = torch.cumprod(1 - betas, 0).sqrt()
+     s0, sT = s[0].clone(), s[-1].clone()
+     s = (s - sT) * (s0 / (s0 - sT))
+     a = s ** 2
+     return (1 - torch.cat([a[:1], a[1:] / a[:-1]])).clamp(max=0.999)
+     """, "the rescaled βs capped at 0.999"),
     ("alphas_cumprod", "return 1 - torch.cumsum(betas, dim=0)", "a running sum"),
     ("alphas_cumprod",  # a blind learner's: Euler's zero-SNR guard copied into the table itself
      "a = torch.cumprod(1.0 - betas, dim=0)\na[-1] = a[-1] if a[-1] > 0 else 2.0 ** -24\nreturn a",
