@@ -70,6 +70,16 @@ var = ((1 - ap) / (1 - a) * bt).clamp(min=1e-20) if timestep > 0 else torch.tens
 return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
 """, Fails("wrong", "was left in a different state than diffusers leaves it")),
     ("predict_x0", "return model_output", "the model output taken as x̂0"),
+    ("predict_x0",  # a blind learner's: ᾱ cast to the tensor's dtype before the square roots (float16 cases)
+     """
+     a = alpha_prod_t.to(model_output.dtype)
+     if prediction_type == "epsilon":
+         return (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5
+     if prediction_type == "v_prediction":
+         return a ** 0.5 * sample - (1 - a) ** 0.5 * model_output
+     return model_output
+     """,
+     "a precision mistake: the right formula, rounded more than diffusers rounds"),
     ("predict_x0",
      """
      a = alpha_prod_t

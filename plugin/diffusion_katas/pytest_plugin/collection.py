@@ -607,6 +607,17 @@ class KataItem(pytest.Item):
                     cast = None
             if cast is not None:
                 lines.append(f"  trap: {cast[0]}\n    {cast[1]}")
+            else:
+                from diffusion_katas.engine.comparison import PRECISION_NOTE
+
+                if PRECISION_NOTE in lines[1]:  # no formula mistake explains it: the note names the mistake
+                    lines[1] = lines[1].replace(PRECISION_NOTE, "")
+                    lines.append("  trap: a precision mistake: the right formula, rounded more than diffusers rounds\n"
+                                 "    Your error is of rounding's size. Compute in the dtype diffusers computes in "
+                                 "(float32 coefficients, the float16 tensor left as it is; float64 where it builds a "
+                                 "table in float64) and cast once, at the end, if at all: a coefficient cast to the "
+                                 "tensor's half dtype before a square root, or a step done in float16 where diffusers "
+                                 "upcasts, is the usual cause.")
         if named is not None:
             from diffusion_katas.engine.comparison import PRECISION_NOTE
 
