@@ -198,6 +198,14 @@ def _(model_output, sample, alpha_prod_t, prediction_type):
     return model_output.clone()
 
 
+@predict_x0.trap("x̂0 clamped to [−1, 1] (clip_sample is the step's business, after this)",
+                 hint="predict_x0 returns the model's estimate as it is: the scheduler clips (clip_sample) or "
+                      "thresholds it afterwards, inside step, and only when its config says so.")
+def _(model_output, sample, alpha_prod_t, prediction_type):
+    x0, _ = _x0_eps(model_output.double(), sample.double(), alpha_prod_t.double(), prediction_type)
+    return x0.clamp(-1, 1).to(model_output.dtype)
+
+
 @predict_x0.trap("ᾱ_t used where √ᾱ_t belongs",
                  hint="x_t = √ᾱ_t·x_0 + √(1−ᾱ_t)·ε: the coefficients are square roots of ᾱ_t and 1 − ᾱ_t.")
 def _(model_output, sample, alpha_prod_t, prediction_type):
@@ -655,7 +663,7 @@ def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, ge
                clip_sample, variance_type="fixed_small", thresholding=False, dynamic_thresholding_ratio=0.995,
                sample_max_value=1.0, *, one_step_alpha=False, ignore_prev=False, wrap=False, no_clip=False,
                variance_not_std=False, fixed_large=False, fixed_small=False, large_of_table=False,
-               no_noise=False, no_threshold=False, noise_at_zero=False, large_cumulative=False):
+               no_noise=False, no_threshold=False, noise_at_zero=False, large_cumulative=False, log_root_twice=False):
     """DDPM with one misconception switched on (each trap below names one)."""
     t = timestep
     p = t - 1 if ignore_prev else prev_timestep
@@ -681,6 +689,8 @@ def wrong_ddpm(model_output, timestep, sample, alphas_cumprod, prev_timestep, ge
             var = 1 - a
         else:
             var = bt if large else torch.clamp((1 - ap) / (1 - a) * bt, min=1e-20)
+        if log_root_twice and variance_type == "fixed_small_log":
+            var = var**0.5  # exp(½·log σ²) = σ, then its square root taken as well
         out = out + (var if variance_not_std else var**0.5) * z
     return out
 
@@ -729,6 +739,13 @@ def _(**kw):
                      "forward step, larger than the posterior's β̃_t.")
 def _(**kw):
     return wrong_ddpm(**kw, fixed_small=True)
+
+
+@ddpm_step.trap("'fixed_small_log': the square root taken twice (exp(½·log σ²) is σ already)",
+                hint="fixed_small_log works in log space: exp(0.5·log(clamp(σ², 1e-20))) is the std σ itself; "
+                     "multiply z by it as it is, with no further square root.")
+def _(**kw):
+    return wrong_ddpm(**kw, log_root_twice=True)
 
 
 @ddpm_step.trap("'fixed_large' with β_t of the training table (1 − ᾱ_t/ᾱ_{t−1})",

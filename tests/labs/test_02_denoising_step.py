@@ -69,7 +69,23 @@ return out
 var = ((1 - ap) / (1 - a) * bt).clamp(min=1e-20) if timestep > 0 else torch.tensor(0.0)
 return out + var ** 0.5 * torch.randn(model_output.shape, generator=generator, dtype=model_output.dtype)
 """, Fails("wrong", "was left in a different state than diffusers leaves it")),
+    ("ddpm_step",  # a blind learner's: fixed_small_log's std square-rooted again
+     DDPM_HEAD + DDPM_MEAN + DDPM_NOISE.replace(
+         "        var = bt\n", "        var = bt\n    if variance_type == 'fixed_small_log':\n        var = var ** 0.5\n"),
+     "'fixed_small_log': the square root taken twice"),
     ("predict_x0", "return model_output", "the model output taken as x̂0"),
+    ("predict_x0",  # a blind learner's: clipped as the scheduler's default clip_sample would
+     """
+     a = alpha_prod_t
+     if prediction_type == "epsilon":
+         x0 = (sample - (1 - a) ** 0.5 * model_output) / a ** 0.5
+     elif prediction_type == "v_prediction":
+         x0 = a ** 0.5 * sample - (1 - a) ** 0.5 * model_output
+     else:
+         x0 = model_output
+     return x0.clamp(-1, 1)
+     """,
+     "x̂0 clamped to [−1, 1]"),
     ("predict_x0",  # a blind learner's: ᾱ cast to the tensor's dtype before the square roots (float16 cases)
      """
      a = alpha_prod_t.to(model_output.dtype)
