@@ -141,6 +141,33 @@ def _(n, N, T):
     return [origin[int(j * (N - 1) / (n - 1)) if n > 1 else 0] for j in range(n)]
 
 
+@_ladder_trap("a fixed stride of N // n rungs (j·(N // n)), not floor(j·N/n)",
+              "Integer-dividing first loses the remainder: with n = 4, N = 50 the stride 12 gives indices 0, 12, 24, "
+              "36 where floor(j·50/4) gives 0, 12, 25, 37. Multiply, then divide: j·N // n.")
+def _(n, N, T):
+    k = T // N
+    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
+    return [origin[j * (N // n)] for j in range(n)]
+
+
+@_ladder_trap("the ladder counted down from T − 1 in steps of k (T − 1 − k·i), not up as k·i − 1",
+              "The rungs are k·i − 1 for i = 1 … N: they end at k·N − 1, which is T − 1 only when N divides T "
+              "(T = 1000, N = 32: k = 31, the top rung is 991).")
+def _(n, N, T):
+    k = T // N
+    origin = [T - 1 - k * i for i in range(N)]
+    return [origin[j * N // n] for j in range(n)]
+
+
+@_ladder_trap("indices from linspace(0, N − 1, n) rounded (endpoint included)",
+              "The indices are floor(j·N/n) (np.linspace(0, N, n, endpoint=False)): the last rung k − 1 is "
+              "never picked unless n = N.")
+def _(n, N, T):
+    k = T // N
+    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
+    return [origin[round(j * (N - 1) / (n - 1)) if n > 1 else 0] for j in range(n)]
+
+
 @_ladder_trap("original_inference_steps ignored (always 50)",
               "k = T // N with N = original_inference_steps, the length of the distillation ladder the model "
               "was trained on: read it from the argument.")
@@ -198,6 +225,14 @@ def _scalings(t, s, *, swap=False, no_root=False, sigma_not_squared=False):
                              "(1 at t = 0, ~0 at t = 999); c_out = τ/√(τ² + σ_d²) weighs x̂₀.")
 def _(timestep, timestep_scaling=10.0):
     return _scalings(timestep, timestep_scaling, swap=True)
+
+
+@boundary_scalings.trap("c_out = 1 − c_skip (the scalings taken to sum to 1)",
+                        hint="They do not: c_skip = σ_d²/(τ² + σ_d²) and c_out = τ/√(τ² + σ_d²) (at τ = 0.5: 0.5 "
+                             "and 0.707). Compute c_out from its own formula.")
+def _(timestep, timestep_scaling=10.0):
+    c_skip, _ = _scalings(timestep, timestep_scaling)
+    return c_skip, 1 - c_skip
 
 
 @boundary_scalings.trap("timestep_scaling forgotten (τ = t)",
@@ -449,6 +484,15 @@ def _(num_inference_steps, alphas_cumprod):
                      hint="Append σ = 0: the last Euler step lands on the clean latent.")
 def _(num_inference_steps, alphas_cumprod):
     return _turbo(_trailing(num_inference_steps, alphas_cumprod.shape[0]), alphas_cumprod, no_terminal=True)
+
+
+@turbo_schedule.trap("the σ ladder ended with σ_min (the table's σ at t = 0) instead of 0",
+                     hint="SD-Turbo's Euler ends at σ = 0 (final_sigmas_type='zero'): the last step lands on the "
+                          "clean sample. Ending at σ_min leaves it slightly noisy.")
+def _(num_inference_steps, alphas_cumprod):
+    t, sigmas = _turbo(_trailing(num_inference_steps, len(alphas_cumprod)), alphas_cumprod)
+    abar = alphas_cumprod[0].float()
+    return t, torch.cat([sigmas[:-1], ((1 - abar) / abar).sqrt().reshape(1)])
 
 
 @turbo_schedule.trap("DDPM's σ = √(1 − ᾱ) instead of Euler's √((1 − ᾱ)/ᾱ)",

@@ -109,6 +109,18 @@ MUTANTS = [
     ("lcm_timesteps", ladder_body(index="torch.tensor([j * (N - 1) // (n - 1) if n > 1 else 0 for j in range(n)])"),
      "indices from linspace(0, N − 1, n)"),
     ("lcm_timesteps", ladder_body(setup="N = 50"), "original_inference_steps ignored (always 50)"),
+    ("lcm_timesteps", ladder_body(index="torch.arange(n, dtype=torch.int64) * (N // n)"),  # a blind learner's
+     "a fixed stride of N // n rungs"),
+    ("lcm_timesteps",  # a blind learner's: the ladder from the top, T − 1 − k·i
+     ladder_body(out="torch.tensor([T - 1 - k * i for i in range(N)])[index]"),
+     "the ladder counted down from T − 1 in steps of k"),
+    ("lcm_timesteps",  # a blind learner's: rounded linspace with its endpoint
+     ladder_body(index="torch.tensor([round(j * (N - 1) / (n - 1)) if n > 1 else 0 for j in range(n)])"),
+     "indices from linspace(0, N − 1, n) rounded"),
+    ("boundary_scalings", scalings_body(c_out="1 - sd2 / (tau**2 + sd2)"), "c_out = 1 − c_skip"),
+    ("turbo_schedule",  # a blind learner's: final_sigmas_type="sigma_min"
+     turbo_body(out="timesteps, torch.cat([sigmas, sigma_table(alphas_cumprod)[:1]])"),
+     "the σ ladder ended with σ_min"),
     ("lcm_timesteps",  # the picks in ascending order (the ladder not reversed first)
      ladder_body(out="origin[index]"), Fails("wrong", "expected")),
     ("lcm_timesteps",  # float timesteps (Euler's habit): LCM's are int64
