@@ -170,6 +170,13 @@ def _(first, second, extent, dim):
     return _seam(first, second, extent, dim, lambda y, e: (y + 1) / e)
 
 
+@blend_seam.trap("the weights divided by the requested extent, not by E = min(both sizes, extent)",
+                 hint="Where a tile is narrower than the overlap, the seam is only E slices long and its weights "
+                      "run y/E over them: divide by the clamped E, as blend_v and blend_h do.")
+def _(first, second, extent, dim):
+    return _seam(first, second, extent, dim, lambda y, e: y / extent)
+
+
 @blend_seam.trap("the weights as linspace(0, 1, E): y/(E − 1)",
                  hint="diffusers' weights are y/E for y < E: they never reach 1 inside the seam (the slice after it "
                       "is where `second` takes over). linspace(0, 1, E) ends at 1 one slice early.")

@@ -139,6 +139,13 @@ def _(num_frames, temporal=4):
     return max((num_frames - 1) // temporal * temporal + 1, 1)
 
 
+@video_num_frames.trap("t fixed at 4 (Wan 2.1's factor; the temporal argument ignored)",
+                       hint="The temporal factor is the VAE's (vae_scale_factor_temporal): 4 for Wan 2.1, other "
+                            "values for other VAEs. Round with the `temporal` you are given.")
+def _(num_frames, temporal=4):
+    return num_frames if num_frames % 4 == 1 else max(num_frames // 4 * 4 + 1, 1)
+
+
 @video_num_frames.trap("rounded to a multiple of t (the + 1 forgotten)",
                        hint="The first frame is encoded alone: counts are t·k + 1 (9, 13, 17 …), not t·k.")
 def _(num_frames, temporal=4):

@@ -44,6 +44,14 @@ MUTANTS = [
         e = min(first.shape[dim], second.shape[dim], extent)
         out = second.clone()
         for y in range(e):
+            w = y / extent  # a blind learner's: the requested extent, not the clamped one
+            out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (1 - w) + second.select(dim, y) * w)
+        return out
+     """, "the weights divided by the requested extent"),
+    ("blend_seam", """
+        e = min(first.shape[dim], second.shape[dim], extent)
+        out = second.clone()
+        for y in range(e):
             out.select(dim, y).copy_(first.select(dim, first.shape[dim] - e + y) * (y / e) + second.select(dim, y) * (1 - y / e))
         return out
      """, "the weights run the wrong way"),

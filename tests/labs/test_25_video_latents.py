@@ -89,6 +89,8 @@ MUTANTS = [
      "F // t latent frames"),
     ("latent_shape", "return (batch_size, latent_channels, num_frames // temporal + 1, height // spatial, width // spatial)",
      "F // t + 1 latent frames"),
+    ("video_num_frames",  # a blind learner's: Wan 2.1's 4 written in
+     "return num_frames if num_frames % 4 == 1 else max(num_frames // 4 * 4 + 1, 1)", "t fixed at 4"),
     ("latent_shape",  # a blind learner's: the sides rounded up
      "return (batch_size, latent_channels, (num_frames - 1) // temporal + 1, -(-height // spatial), "
      "-(-width // spatial))", "H / s rounded up"),
