@@ -409,7 +409,11 @@ def _(learner, g):
                     2.0 * (small - small_out), "bytes",
                     "2x the working set at 128² px: at twice the side, one tile's activations stay the "
                     "same and what you hold per column (seam strips, or one row of tiles) at most "
-                    "doubles; holding every decoded tile, as diffusers does, grows with the area (3.4x)", ),
+                    "doubles; holding every decoded tile, as diffusers does, grows with the area (3.4x)",
+                    trap=("every decoded tile held until the end (memory grows with the area)",
+                          "Keep only what the next tiles blend with (the seam strips of the row above and the tile "
+                          "to the left) and write each finished crop into the output at once.")
+                    if large - large_out > 2.5 * (small - small_out) else None),
         Measurement("peak live bytes at 256² px", large, 0.2 * untiled, "bytes",
                     f"0.2x untiled decode's peak at the same size ({untiled / 2**20:.2f} MiB); the solution "
                     "measures 0.15x, a row of tiles streamed 0.18x, diffusers' own tiled_decode 0.28x because "
@@ -579,7 +583,10 @@ def _(learner, g):
     batched = _batched_peak(tuple(z.shape))
     return [Measurement("peak live bytes, batch of 4 at 128² px", mine, 0.5 * batched, "bytes",
                         f"0.5x decoding the whole batch at once ({batched / 2**20:.2f} MiB): one sample's "
-                        "activations plus the output (diffusers' slicing measures 0.31x)")]
+                        "activations plus the output (diffusers' slicing measures 0.31x)",
+                        trap=("the whole batch decoded in one call (no slicing)",
+                              "Right values, the whole batch's activations at once: decode latents[i:i + 1] one at "
+                              "a time and write each into the output.") if mine >= 0.9 * batched else None)]
 
 
 # ---- chunked_attention ---------------------------------------------------------------------------------

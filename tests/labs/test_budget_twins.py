@@ -64,11 +64,11 @@ TWINS = [
      return weight + lora_delta(lora_A @ eye, lora_B, scaling, fan_in_fan_out).to(weight.dtype)
      """, "OVER FLOPs of merging one"),
     ("11_memory", "tiled_decode", "peak bytes flat as the image grows", ELEVEN.DIFFUSERS_STYLE_TILED_DECODE,
-     "OVER working set (peak minus the output)"),
+     "trap: every decoded tile held until the end"),
     ("11_memory", "tiled_decode", "FLOPs of one pass over the tiles", None, "OVER FLOPs"),
     ("11_memory", "sliced_decode", "peak bytes of one sample at a time",
      "return vae.decoder(vae.post_quant_conv(latents) if vae.config.use_post_quant_conv else latents)",
-     "OVER peak live bytes, batch of 4"),
+     "trap: the whole batch decoded in one call"),
     ("11_memory", "chunked_attention", "peak bytes under the naive score matrix", """
         s = query.shape[-1] ** -0.5 if scale is None else scale
         scores = query @ key.transpose(-2, -1) * s
@@ -91,7 +91,8 @@ TWINS = [
      importlib.import_module("test_16_few_step").loop_body(guide="guidance_scale >= 1"),
      "trap: the CFG batch run at guidance_scale = 1"),
     ("25_video_latents", "decode_to_uint8", "peak memory: the uint8 video and one chunk, not the float video",
-     importlib.import_module("test_25_video_latents").WHOLE_VIDEO, "OVER peak live bytes"),
+     importlib.import_module("test_25_video_latents").WHOLE_VIDEO,
+     "trap: the whole float video decoded before the conversion"),
 ]
 
 
