@@ -314,6 +314,16 @@ def _(sigmas, train_sigmas):
     return (j + (x - xp[j]) / (xp[j + 1] - xp[j])).float()  # raises (index T) where a σ is above the table
 
 
+@sigma_to_t.trap("the index j clamped above only: a σ below the table still reads entry −1 (t clamped after)",
+                 hint="searchsorted − 1 is −1 for a σ below the table's first entry, and t[−1] is the LAST entry: "
+                      "clamping t to [0, T − 1] afterwards hides most of it, not all. Clamp j to [0, T − 2] and w "
+                      "to [0, 1] before adding them.")
+def _(sigmas, train_sigmas):
+    x, xp = sigmas.double().log(), train_sigmas.double().log()
+    j = (torch.searchsorted(xp, x, right=True) - 1).clamp(max=len(xp) - 2)
+    return (j + (x - xp[j]) / (xp[j + 1] - xp[j])).clamp(0, len(xp) - 1).float()
+
+
 @sigma_to_t.trap("EDM's c_noise = ¼·ln σ fed as the timestep",
                  hint="¼·ln σ is what an EDM model reads. A model trained on a discrete table needs the (fractional) "
                       "index of σ in that table.")

@@ -152,6 +152,10 @@ MUTANTS = [
      denoised_body(c_skip="k * sigma_data ** 2 / (s ** 2 + sigma_data ** 2)",
                    c_out="s * sigma_data / (s ** 2 + sigma_data ** 2) ** 0.5"), "for v_prediction, c_skip's sign flipped"),
     ("sigma_to_t", t_body(t="j + 1 - w"), "the interpolation weights swapped"),
+    ("sigma_to_t",  # a blind learner's: j clamped above only, t clamped at the end
+     t_body(low="(torch.searchsorted(lt, ls, right=True) - 1).clamp(max=len(lt) - 2)", w="(ls - lt[j]) / (lt[j + 1] - lt[j])",
+            t="(j + w).clamp(0, len(lt) - 1)"),
+     "the index j clamped above only"),
     ("karras_sigmas",  # arange(n)/(n − 1): 0/0 for a single step
      ladder_body(ramp="torch.arange(num_inference_steps, dtype=torch.float64) / (num_inference_steps - 1)"),
      "the ramp as arange(n)/(n − 1)"),
