@@ -95,6 +95,9 @@ MUTANTS = [
      """, Fails("answer key", "")),
     ("cached_transformer_calls", calls_body(key='"shared"'), "one cache shared by the cond and uncond calls"),
     ("cached_transformer_calls", calls_body(keep="pass"), "the returned cache dropped"),
+    ("cached_transformer_calls",  # a blind learner's: the caches kept between calls (a mutable default there)
+     calls_body().replace("caches, out = {}, []", "caches, out = globals().setdefault('_caches', {}), []"),
+     "state kept between calls"),
     ("cached_transformer_calls",  # a blind learner's: cond on even calls, uncond on odd ones
      calls_body(key="len(out) % 2"), "the caches picked by the call's position (even/odd)"),
     ("cached_transformer_calls",  # a blind learner's: separate caches, but uncond forced to the cond decision

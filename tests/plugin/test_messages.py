@@ -77,6 +77,19 @@ def test_other_values_in_the_right_shape_are_no_layout_mistake(toy):
     assert "trap:" not in result.stdout.str()
 
 
+def test_a_function_that_keeps_state_between_calls_is_named_so_when_it_fails(toy):
+    toy.kata(double="seen = globals().setdefault('seen', [])\nseen.append(1)\nreturn x * (2 if len(seen) == 1 else 3)")
+    result = toy.run("katas", "-k", "double and not budget")
+    result.stdout.fnmatch_lines(["*case 2/2*", "*trap: state kept between calls*"])
+
+
+def test_a_function_that_keeps_a_cache_and_is_right_passes(toy):
+    toy.kata(double="cache = globals().setdefault('cache', {})\ncache[x.shape] = x * 2\nreturn cache[x.shape]")
+    result = toy.run("katas", "-k", "double and not budget")
+    assert "trap:" not in result.stdout.str()
+    result.assert_outcomes(passed=1)
+
+
 def test_an_output_matching_a_declared_misconception_names_the_trap_and_its_hint(toy):
     toy.kata(double="return x + 2")
     result = toy.run("katas")

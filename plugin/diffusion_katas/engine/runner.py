@@ -560,6 +560,8 @@ def checked_reply(data) -> dict:
         raise ValueError("a reply of an unknown kind")
     kind = data["kind"]
     out: dict = {"kind": kind, "output_text": _text(data.get("output_text"), PRINTED_CAP)}
+    if kind in ("ok", "raised") and data.get("state_kept") is True:  # the call changed what outlives it
+        out["state_kept"] = True
     if kind == "ok":
         out["output"] = data.get("output")  # graded as a value: compared, never run
         measurement = data.get("measurement")

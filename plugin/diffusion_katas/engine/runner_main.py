@@ -720,12 +720,16 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
     if request.get("rng") is not None:
         torch.random.set_rng_state(request["rng"])
     used: dict = {}
+    kept = _kept_state(fn, module)
+    # as the file left it when first called: a later call that starts from other state sees what earlier calls left
+    first = _FIRST_STATE.setdefault((id(module), request["function"]), kept)
     try:
         result = call_learner(fn, inputs, request["function"], request.get("meter"), lock, used)
     except GraderError as exc:  # the grader's work around the call: its failure, with its message
         return {"kind": "grader_error", "message": str(exc)[:MESSAGE_CAP]}
     except BaseException as exc:  # noqa: BLE001  (every way a call can end is a verdict)
-        return dict(raised(exc, learner_files), called=_called(lock))
+        return dict(raised(exc, learner_files), called=_called(lock),
+                    state_kept=kept != first or _kept_state(fn, module) != kept)
     if request.get("meter") is None:
         measurement, out = None, result
     elif isinstance(result, tuple) and len(result) == 2:  # peak_bytes, flops: (measurement, output)
@@ -742,7 +746,29 @@ def _call(request: dict, inputs: dict, module, learner_files: set[str], lock) ->
         except Exception:  # noqa: BLE001  (no such input, or it records nothing: nothing observed)
             pass
     return {"kind": "ok", "output": encode(out), "measurement": measurement, "observed": observed,
-            "rng_after": torch.random.get_rng_state(), "called": _called(lock), "generators": generators}
+            "rng_after": torch.random.get_rng_state(), "called": _called(lock), "generators": generators,
+            "state_kept": kept != first or _kept_state(fn, module) != kept}
+
+
+_FIRST_STATE: dict[tuple[int, str], tuple] = {}  # (module, function) -> _kept_state before its first call here
+
+
+def _kept_state(fn, module) -> tuple:
+    """What the learner's function can keep between calls, fingerprinted: its mutable default arguments and its
+    module's top-level dicts, lists and sets (which entries, each value by identity). A call that changes it
+    leaves state the next call sees (a cache in a default argument carried into the next generation)."""
+    try:
+        held = list(getattr(fn, "__defaults__", None) or ()) + list((getattr(fn, "__kwdefaults__", None) or {}).values())
+        held += [v for k, v in sorted(vars(module).items()) if not k.startswith("__")] if module is not None else []
+        prints = []
+        for value in held:
+            if type(value) is dict:
+                prints.append(("dict", id(value), tuple((repr(k)[:80], id(v)) for k, v in value.items())))
+            elif type(value) in (list, set):
+                prints.append((type(value).__name__, id(value), tuple(sorted(map(id, value)))))
+        return tuple(prints)
+    except Exception:  # noqa: BLE001  (a fingerprint is advice: it never fails a call)
+        return ()
 
 
 def _called(lock) -> list[list[str]]:

@@ -373,6 +373,7 @@ class KataItem(pytest.Item):
             raise KataFailure(f"{self.last_context}\n{first}", first.reason, first.detail) from None
         kind = data.get("kind")
         self.last_generators = data.get("generators") or {}
+        self.last_state_kept = data.get("state_kept") is True  # untrusted: only a literal True counts
         if kind == "ok":
             self.last_rng_after, self.last_observed = data.get("rng_after"), data.get("observed") or {}
             out = decode(data.get("output"))
@@ -480,6 +481,8 @@ class KataItem(pytest.Item):
                 if crash.trap is None and passed:
                     crash.trap = self._first_showing_trap(_AsSent(scenario, sent), tol, rng, passed, crash.exc)
                     crash.first_shows_after = len(passed) if crash.trap is not None else 0
+                if crash.trap is None and getattr(self, "last_state_kept", False) and not self.failing_dependencies():
+                    crash.trap = STATE_KEPT
                 raise
             scenario = _AsSent(scenario, sent)
             if scenario.verify is not None:
@@ -600,6 +603,8 @@ class KataItem(pytest.Item):
                 cast = self._dtype_trap(scenario, out, tol)
             except Exception:  # noqa: BLE001
                 cast = None
+            if cast is None and getattr(self, "last_state_kept", False) and not self.failing_dependencies():
+                cast = (STATE_KEPT.name, STATE_KEPT.hint)
             if cast is None:
                 try:
                     cast = self._layout_trap(scenario, out, tol)
@@ -1204,3 +1209,16 @@ def _size_one_axis(mine, theirs) -> tuple[str, str] | None:
                 f"The reference has shape {want}, not {got}: an unsqueeze, x[None] or keepdim=True too many "
                 "(or a slice x[i:i + 1] where x[i] was meant).")
     return None
+
+
+class _StateKept:
+    """The mistake any kata can make where the learner's function changed what it keeps between calls (a mutable
+    default argument, a module-level dict or list) in the call that failed: named where no declared trap is."""
+
+    name = "state kept between calls (a mutable default argument, or a module-level dict or list, changed by the call)"
+    hint = ("Your function changed something that outlives the call, and the next call starts from it: `def f(cache={})` "
+            "creates that dict once, when the file is loaded, not on every call. Create it inside the function "
+            "(cache = {} if cache is None else cache), or pass it in and out as the docstring says.")
+
+
+STATE_KEPT = _StateKept()

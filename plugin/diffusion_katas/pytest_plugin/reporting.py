@@ -106,6 +106,8 @@ def _crash_trap_lines(crash) -> str:
     if crash.first_shows_after:
         why = (f"your function was right on the {crash.first_shows_after} case(s) before this one, where this mistake "
                "does not show either; this is the first case where it does, and no other listed mistake fits so")
+    elif getattr(crash.trap, "fn", None) is None:  # not a declared mistake: what the call was seen to do
+        why = "the call that raised changed it"
     else:
         why = "it raises the same error on these inputs"
     return f"  trap: {crash.trap.name} ({why})\n    {crash.trap.hint}\n"
