@@ -377,6 +377,15 @@ def _(x0, noise, alphas_cumprod, timesteps):
     return noise - x0
 
 
+@velocity.trap("v recovered from x_t: (√ᾱ·x_t − x_0)/√(1 − ᾱ), equal on paper, cancelling at small t",
+               hint="Dividing by √(1 − ᾱ) magnifies x_t's rounding where 1 − ᾱ is tiny (t near 0), and in float16 it "
+                    "is 0/0 once ᾱ rounds to 1. Compute v directly: √ᾱ·ε − √(1 − ᾱ)·x_0.")
+def _(x0, noise, alphas_cumprod, timesteps):
+    a = coefficients(alphas_cumprod, timesteps, x0)
+    x_t = a**0.5 * x0 + (1 - a) ** 0.5 * noise
+    return (a**0.5 * x_t - x0) / (1 - a) ** 0.5
+
+
 @velocity.trap("computed in float32 and cast to float16 at the end",
                hint="That is more accurate than diffusers, and everywhere else in the course it passes; the "
                     "forward process (add_noise, velocity) is the one place whose lesson is where the cast "

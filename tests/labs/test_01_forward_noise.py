@@ -91,6 +91,12 @@ MUTANTS = [
      return torch.clamp(1 - g / f, max=max_beta)
      """, "vectorised in float32 tensors"),
     ("velocity", "return noise - x0", "the flow-matching velocity ε − x_0"),
+    ("velocity",  # a blind learner's: through add_noise, then divided back out
+     """
+     x_t = add_noise(x0, noise, alphas_cumprod, timesteps)
+     a = alphas_cumprod.to(x0.dtype)[timesteps].reshape((-1,) + (1,) * (x0.dim() - 1))
+     return (a ** 0.5 * x_t - x0) / (1 - a) ** 0.5
+     """, "v recovered from x_t"),
     ("rescale_zero_terminal_snr",  # a blind learner's: capped like the cosine schedule
      """
      s = torch.cumprod(1 - betas, 0).sqrt()

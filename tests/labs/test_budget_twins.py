@@ -128,7 +128,7 @@ TWINS.append(
      "if attn_mask is not None and attn_mask.dtype == torch.bool:\n"
      "    full = attn_mask.expand(*query.shape[:-1], key.shape[-2]).to(query.dtype)  # held through the loop\n"
      "    attn_mask = full > 0\n"
-     + solution_block("11_memory", "chunked_attention"), "OVER the same with a key-padding mask"))
+     + solution_block("11_memory", "chunked_attention"), "trap: the mask expanded to the whole (…, Lq, Lk) score matrix"))
 
 
 def whole_decoded_too() -> str:
