@@ -600,29 +600,15 @@ class KataItem(pytest.Item):
             named = None
         if named is None:
             try:
-                cast = self._dtype_trap(scenario, out, tol)
-            except Exception:  # noqa: BLE001
-                cast = None
-            if cast is None and getattr(self, "last_state_kept", False) and not self.failing_dependencies():
-                cast = (STATE_KEPT.name, STATE_KEPT.hint)
-            if cast is None:
-                try:
-                    cast = self._layout_trap(scenario, out, tol)
-                except Exception:  # noqa: BLE001
-                    cast = None
-            if cast is not None:
-                lines.append(f"  trap: {cast[0]}\n    {cast[1]}")
-            else:
+                generic = self._generic_trap(scenario, out, tol, lines[1])
+            except Exception:  # noqa: BLE001  (naming a mistake is advice: it never hides the verdict)
+                generic = None
+            if generic is not None:
                 from diffusion_katas.engine.comparison import PRECISION_NOTE
 
-                if PRECISION_NOTE in lines[1]:  # no formula mistake explains it: the note names the mistake
-                    lines[1] = lines[1].replace(PRECISION_NOTE, "")
-                    lines.append("  trap: a precision mistake: the right formula, rounded more than diffusers rounds\n"
-                                 "    Your error is of rounding's size. Compute in the dtype diffusers computes in "
-                                 "(float32 coefficients, the float16 tensor left as it is; float64 where it builds a "
-                                 "table in float64) and cast once, at the end, if at all: a coefficient cast to the "
-                                 "tensor's half dtype before a square root, or a step done in float16 where diffusers "
-                                 "upcasts, is the usual cause.")
+                name, hint = generic
+                lines[1] = lines[1].replace(PRECISION_NOTE, "")  # the trap line says it, with its fix
+                lines.append(f"  trap: {name}\n    {hint}")
         if named is not None:
             from diffusion_katas.engine.comparison import PRECISION_NOTE
 
@@ -675,6 +661,27 @@ class KataItem(pytest.Item):
         near = closeness(out, wrong, expected)
         return near if near <= TRAP_NEAR else None
 
+    def _generic_trap(self, scenario: Scenario, out, tol, problem: str) -> tuple[str, str] | None:
+        """The mistakes any kata can make, named where no declared trap explains the output (and no earlier function
+        fails), first that fits: right values in another dtype; state kept between calls; right values at other
+        indices, with a size-1 axis dropped or added, or in another order; an error of rounding's size. (name, hint)."""
+        from diffusion_katas.engine.comparison import PRECISION_NOTE
+
+        if self.failing_dependencies():
+            return None
+        finders = (lambda: self._dtype_trap(scenario, out, tol),
+                   lambda: (STATE_KEPT.name, STATE_KEPT.hint) if getattr(self, "last_state_kept", False) else None,
+                   lambda: self._layout_trap(scenario, out, tol),
+                   lambda: PRECISION_TRAP if PRECISION_NOTE in problem else None)
+        for find in finders:
+            try:
+                found = find()
+            except Exception:  # noqa: BLE001  (one finder's trouble never stops the next)
+                found = None
+            if found is not None:
+                return found
+        return None
+
     def _dtype_trap_in_sequence(self, scenario: Scenario, out, tol) -> tuple[str, str] | None:
         """`_dtype_trap` for a tuple or list output: its first tensor in another dtype, where the whole output is right
         once that tensor is cast (floats computed wider and never cast back; integers returned as floats, or the
@@ -712,8 +719,6 @@ class KataItem(pytest.Item):
         from diffusion_katas.engine.comparison import scenario_mismatch
 
         expected = scenario.expected
-        if self.failing_dependencies():
-            return None
         if type(out) in (tuple, list) and type(expected) is type(out) and len(out) == len(expected):
             return self._dtype_trap_in_sequence(scenario, out, tol)
         if type(out) is not torch.Tensor or type(expected) is not torch.Tensor:
@@ -751,8 +756,6 @@ class KataItem(pytest.Item):
 
         from diffusion_katas.engine.comparison import mismatch
 
-        if self.failing_dependencies():
-            return None
         expected = scenario.expected
         pairs = [("output", out, expected)]
         if type(out) in (tuple, list) and type(expected) is type(out) and len(out) == len(expected):
@@ -1222,3 +1225,10 @@ class _StateKept:
 
 
 STATE_KEPT = _StateKept()
+
+# Named where the only fault is an error of rounding's size (comparison.PRECISION_NOTE said so) and no trap explains it.
+PRECISION_TRAP = ("a precision mistake: the right formula, rounded more than diffusers rounds",
+                  "Your error is of rounding's size. Compute in the dtype diffusers computes in (float32 coefficients, the "
+                  "float16 tensor left as it is; float64 where it builds a table in float64) and cast once, at the end, "
+                  "if at all: a coefficient cast to the tensor's half dtype before a square root, or a step done in "
+                  "float16 where diffusers upcasts, is the usual cause.")
