@@ -274,6 +274,21 @@ def test_the_cases_vary_what_the_brief_of_this_lab_asks_for():
     assert {c["guidance_scale"] for c in grader.LOOP_CASES} >= {0.0, 1.0, 1.5}
 
 
+def test_no_ladder_case_tells_the_exact_floor_from_diffusers_float_linspace():
+    # diffusers picks floor(linspace(0, N, n, endpoint=False)) in floats, one index lower than the exact
+    # floor(j·N/n) at some (N, n) (30, 22 is the first): the docstring's integer route and diffusers' float
+    # route are both right, so no graded case may sit where they differ.
+    import numpy as np
+
+    for case in _grader().LADDER_CASES:
+        n, N = case["num_inference_steps"], case["original_inference_steps"]
+        exact = [j * N // n for j in range(n)]
+        floated = np.floor(np.linspace(0, N, num=n, endpoint=False)).astype(np.int64).tolist()
+        assert exact == floated, case
+    assert np.floor(np.linspace(0, 30, num=22, endpoint=False)).astype(np.int64).tolist() != [
+        j * 30 // 22 for j in range(22)]  # the example the lesson gives
+
+
 LOOP = """
     guide = guidance_scale > 1
     scheduler.set_timesteps(num_inference_steps)
