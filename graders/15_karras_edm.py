@@ -309,9 +309,7 @@ def _(sigmas, train_sigmas):
                       "Python: keep j in [0, T − 2] (so j + 1 exists too; a σ above the table would index T) and "
                       "clamp w to [0, 1].")
 def _(sigmas, train_sigmas):
-    x, xp = sigmas.double().log(), train_sigmas.double().log()
-    j = torch.searchsorted(xp, x, right=True) - 1
-    return (j + (x - xp[j]) / (xp[j + 1] - xp[j])).float()  # raises (index T) where a σ is above the table
+    return _unclamped_j(sigmas, train_sigmas).float()  # raises (index T) where a σ is above the table
 
 
 @sigma_to_t.trap("the index j clamped above only: a σ below the table still reads entry −1 (t clamped after)",
@@ -319,9 +317,16 @@ def _(sigmas, train_sigmas):
                       "clamping t to [0, T − 1] afterwards hides most of it, not all. Clamp j to [0, T − 2] and w "
                       "to [0, 1] before adding them.")
 def _(sigmas, train_sigmas):
+    return _unclamped_j(sigmas, train_sigmas, top=True).clamp(0, len(train_sigmas) - 1).float()
+
+
+def _unclamped_j(sigmas, train_sigmas, top=False):
+    """t = j + w with j = searchsorted − 1 left at −1 below the table (clamped to T − 2 above it with `top`), w
+    unclamped."""
     x, xp = sigmas.double().log(), train_sigmas.double().log()
-    j = (torch.searchsorted(xp, x, right=True) - 1).clamp(max=len(xp) - 2)
-    return (j + (x - xp[j]) / (xp[j + 1] - xp[j])).clamp(0, len(xp) - 1).float()
+    j = torch.searchsorted(xp, x, right=True) - 1
+    j = j.clamp(max=len(xp) - 2) if top else j
+    return j + (x - xp[j]) / (xp[j + 1] - xp[j])
 
 
 @sigma_to_t.trap("EDM's c_noise = ¼·ln σ fed as the timestep",

@@ -91,10 +91,15 @@ def _ladder_trap(name, hint):
     return register
 
 
-def _lcm_ladder(n, N, T):
+def _pick(n, N, T, index):
+    """The distillation ladder k·i − 1, noisiest first, read at index(j) for j = 0 … n − 1."""
     k = T // N
     origin = [k * i - 1 for i in range(1, N + 1)][::-1]
-    return [origin[j * N // n] for j in range(n)]
+    return [origin[index(j)] for j in range(n)]
+
+
+def _lcm_ladder(n, N, T):
+    return _pick(n, N, T, lambda j: j * N // n)
 
 
 @_ladder_trap("DDIM's leading spacing (T//n · j, reversed)",
@@ -114,9 +119,7 @@ def _(n, N, T):
 @_ladder_trap("indices rounded (round(j·N/n)), not floored",
               "The picks are index_j = floor(j·N/n): integer division j·N // n (n = 3, N = 50: 0, 16, 33).")
 def _(n, N, T):
-    k = T // N
-    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
-    return [origin[min(round(j * N / n), N - 1)] for j in range(n)]
+    return _pick(n, N, T, lambda j: min(round(j * N / n), N - 1))
 
 
 @_ladder_trap("distillation ladder k·i without the − 1",
@@ -136,18 +139,14 @@ def _(n, N, T):
               "The indices are floor(j·N/n) (np.linspace(0, N, n, endpoint=False)): the last rung k − 1 is "
               "never picked unless n = N.")
 def _(n, N, T):
-    k = T // N
-    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
-    return [origin[int(j * (N - 1) / (n - 1)) if n > 1 else 0] for j in range(n)]
+    return _pick(n, N, T, lambda j: int(j * (N - 1) / (n - 1)) if n > 1 else 0)
 
 
 @_ladder_trap("a fixed stride of N // n rungs (j·(N // n)), not floor(j·N/n)",
               "Integer-dividing first loses the remainder: with n = 4, N = 50 the stride 12 gives indices 0, 12, 24, "
               "36 where floor(j·50/4) gives 0, 12, 25, 37. Multiply, then divide: j·N // n.")
 def _(n, N, T):
-    k = T // N
-    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
-    return [origin[j * (N // n)] for j in range(n)]
+    return _pick(n, N, T, lambda j: j * (N // n))
 
 
 @_ladder_trap("the ladder counted down from T − 1 in steps of k (T − 1 − k·i), not up as k·i − 1",
@@ -163,9 +162,7 @@ def _(n, N, T):
               "The indices are floor(j·N/n) (np.linspace(0, N, n, endpoint=False)): the last rung k − 1 is "
               "never picked unless n = N.")
 def _(n, N, T):
-    k = T // N
-    origin = [k * i - 1 for i in range(1, N + 1)][::-1]
-    return [origin[round(j * (N - 1) / (n - 1)) if n > 1 else 0] for j in range(n)]
+    return _pick(n, N, T, lambda j: round(j * (N - 1) / (n - 1)) if n > 1 else 0)
 
 
 @_ladder_trap("original_inference_steps ignored (always 50)",
