@@ -223,6 +223,16 @@ def test_a_forged_reply_is_checked_and_copies_nothing_onto_the_graders_objects(t
     result.assert_outcomes(failed=1)
 
 
+def test_a_replys_kept_state_flag_is_read_only_as_a_literal_true():
+    from diffusion_katas.engine.runner import checked_reply
+
+    assert checked_reply({"kind": "ok", "state_kept": True})["state_kept"] is True
+    assert checked_reply({"kind": "raised", "state_kept": True})["state_kept"] is True
+    for forged in (1, "yes", [True], {"kind": "ok"}, None):
+        assert "state_kept" not in checked_reply({"kind": "ok", "state_kept": forged})
+    assert "state_kept" not in checked_reply({"kind": "import_error", "state_kept": True})
+
+
 def test_printing_past_the_file_size_cap_fails_the_call_and_leaves_the_disk_alone(toy):
     toy.kata(double="""
         import sys
