@@ -122,6 +122,13 @@ def _(block_out_channels):
     return 2 ** len(set(block_out_channels))
 
 
+@vae_scale_factor.trap("one halving per change of width (repeated widths not downsampled)",
+                       hint="Every block but the last downsamples, whether or not its width changes: SD's (128, 256, "
+                            "512, 512) halves three times (f = 8), not two.")
+def _(block_out_channels):
+    return 2 ** sum(a != b for a, b in zip(block_out_channels, block_out_channels[1:]))
+
+
 @vae_scale_factor.trap("a hard-coded 8",
                        hint="8 is Stable Diffusion's VAE; compute f from the config so any VAE works.")
 def _(block_out_channels):
@@ -237,6 +244,15 @@ def _(vae, images, generator=None, sample_posterior=True):
     p = _sampled_posterior(vae, images, sample_posterior)
     eps = torch.randn(p.mean.shape, generator=generator, device=p.mean.device, dtype=torch.float64)
     return ((p.mean.double() + p.std.double() * eps) * vae.config.scaling_factor).to(images.dtype)
+
+
+@encode_latents.trap("the scaling factor applied to μ only: s·μ + σ·ε",
+                     hint="Scale the whole sample: (μ + σ·ε)·s. The noise is part of the latent the UNet sees, and "
+                          "it must be on the same unit-variance scale.")
+def _(vae, images, generator=None, sample_posterior=True):
+    p = _sampled_posterior(vae, images, sample_posterior)
+    eps = randn_tensor(p.mean.shape, generator=generator, device=p.mean.device, dtype=p.mean.dtype)
+    return p.mean * vae.config.scaling_factor + p.std * eps
 
 
 @encode_latents.trap("a hard-coded 0.18215",

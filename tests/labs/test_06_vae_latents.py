@@ -15,6 +15,18 @@ MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("vae_scale_factor", "return 2 ** len(block_out_channels)", "one halving per block"),
     ("vae_scale_factor", "return 8", "a hard-coded 8"),
+    ("vae_scale_factor",  # a blind learner's: a halving where the width changes
+     "return 2 ** sum(a != b for a, b in zip(block_out_channels, block_out_channels[1:]))",
+     "one halving per change of width"),
+    ("encode_latents",  # a blind learner's: only the mean scaled
+     """
+     p = vae.encode(images).latent_dist
+     if not sample_posterior:
+         return p.mode() * vae.config.scaling_factor
+     eps = torch.randn(p.mean.shape, generator=generator, dtype=p.mean.dtype)
+     return p.mean * vae.config.scaling_factor + p.std * eps
+     """,
+     "the scaling factor applied to μ only"),
     ("vae_scale_factor", "return len(block_out_channels) * 2", Fails("wrong", "output should be")),
     ("encode_latents",
      """
