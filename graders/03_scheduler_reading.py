@@ -592,6 +592,8 @@ STEP_CASES = {
         dict(shape=(2, 4, 8, 8), dtype="float32", n=7, spacing="linspace"),
         dict(shape=(2, 3, 8, 8), dtype="float32", n=6, spacing="trailing", zero_snr=True, final="sigma_min"),
         dict(shape=(1, 4, 8, 8), dtype="float16", n=5, spacing="leading", offset=1),
+        # float32 latents, a float16 model: the step returns the model output's dtype, not the sample's
+        dict(shape=(2, 4, 8, 8), dtype="float16", sample_dtype="float32", n=5, spacing="linspace"),
     ],
 }
 
@@ -613,8 +615,9 @@ def step_scenarios(case: dict, g, prediction_type: str) -> list[Scenario]:
     """A whole sampling run with random model outputs: one scenario per timestep, in order."""
     case = dict(case)
     shape, dtype = case.pop("shape"), DTYPES[case.pop("dtype")]
+    sample_dtype = DTYPES[case.pop("sample_dtype", str(dtype).removeprefix("torch."))]
     s = euler(**case, prediction_type=prediction_type)
-    x = (torch.randn(shape, generator=g) * float(s.init_noise_sigma)).to(dtype)
+    x = (torch.randn(shape, generator=g) * float(s.init_noise_sigma)).to(sample_dtype)
     scenarios = []
     for i, t in enumerate(s.timesteps):
         out = torch.randn(shape, generator=g).to(dtype)
@@ -626,7 +629,7 @@ def step_scenarios(case: dict, g, prediction_type: str) -> list[Scenario]:
                         prediction_type=prediction_type),
             expected=expected, exact=euler_exact(out, x, sigma, sigma_next, prediction_type),
             label=f"step {i + 1}/{len(s.timesteps)}, t={float(t):g}, σ={float(sigma):.6g} → {float(sigma_next):.6g}"))
-        x = expected
+        x = expected.to(sample_dtype)  # the caller keeps its latents in their own dtype
     return scenarios
 
 

@@ -175,6 +175,9 @@ MUTANTS = [
     ("euler_scale_model_input",  # DDPM's coefficient √ᾱ is right, but this is √(1 − ᾱ)
      "return sample * sigma / (sigma**2 + 1) ** 0.5", Fails("wrong", "values differ")),
     ("euler_step", step_body(result="x + (x - x0) / sigma * (sigma - sigma_next)"), "step size σ − σ_next"),
+    ("euler_step",  # a blind learner's: cast back to the sample's dtype (float32 latents, a float16 model)
+     step_body().replace(".to(model_output.dtype)", ".to(sample.dtype)"),
+     "computed in float32 and never cast back to float16"),
     ("euler_step", step_body(x0_v="x - sigma * model_output"), "v-prediction treated as ε"),
     ("euler_step", step_body(x0_v="model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1) ** 0.5"),
      "v-prediction's x̂_0 taken on the unscaled latent"),
