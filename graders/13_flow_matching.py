@@ -216,6 +216,19 @@ def _(height, width, vae_scale_factor=8, patch_size=2, **line):
     return _line((height // vae_scale_factor * patch_size) * (width // vae_scale_factor * patch_size), **line)
 
 
+@resolution_mu.trap("the token count as (height // f // p)²: a square image assumed",
+                    hint="Tokens = (height // f // p)·(width // f // p): a 1024×576 image has 64·36 tokens, "
+                         "not 64².")
+def _(height, width, vae_scale_factor=8, patch_size=2, **line):
+    return _line((height // vae_scale_factor // patch_size) ** 2, **line)
+
+
+@resolution_mu.trap("16 pixels per token written in (SD3 and Flux's f = 8, p = 2)",
+                    hint="Divide by this model's vae_scale_factor and patch_size: other models have other ones.")
+def _(height, width, vae_scale_factor=8, patch_size=2, **line):
+    return _line((height // 16) * (width // 16), **line)
+
+
 @resolution_mu.trap("μ from the latent pixel count (the patches forgotten)",
                     hint="Each token is a patch_size × patch_size block of latent pixels: divide each latent "
                          "side by patch_size too (1024² → 128² latent pixels → 64² = 4096 tokens).")

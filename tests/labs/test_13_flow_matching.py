@@ -76,6 +76,9 @@ MUTANTS = [
     ("flow_sigmas",  # the timesteps rounded to integers (DDIM's habit): the model sees 893, not 892.8
      ladder_body(out="torch.cat([s, s.new_zeros(1)]), (s * T).round()"), Fails("wrong", "values differ")),
     ("resolution_mu", mu_body(tokens="height * width"), "μ from the pixel count instead of the token count"),
+    ("resolution_mu", mu_body(tokens="(height // vae_scale_factor // patch_size) ** 2"),  # a blind learner's
+     "the token count as (height // f // p)²"),
+    ("resolution_mu", mu_body(tokens="(height // 16) * (width // 16)"), "16 pixels per token written in"),  # blind
     ("resolution_mu",  # a blind learner's: height // f * p (precedence: multiplied by the patch size)
      mu_body(tokens="(height // vae_scale_factor * patch_size) * (width // vae_scale_factor * patch_size)"),
      "each side as height // vae_scale_factor * patch_size"),
