@@ -254,7 +254,8 @@ def _(model_output, sample, alpha_prod_t):
 # ---- the updates: the reference math with one mistake switched on (for the traps) -----------------------
 def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, squared=False, flipped_h=False,
                  swapped=False, no_d1=False, r0_not_inverted=False, no_half=False, heun=False, eps_form=False,
-                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False, no_upcast=False, ve_ratio=False):
+                 no_r0=False, flipped_h0=False, x0_sign=False, alpha_ratio=False, no_upcast=False, ve_ratio=False,
+                 alpha_s_on_x0=False):
     """First order (x0s = [m0], alpha_prods = [ᾱ_s0]) or 2M midpoint (oldest first), float32 like step()."""
     m0 = x0s[-1]
     m1 = x0s[-2] if second else None
@@ -271,7 +272,7 @@ def wrong_update(x0s, sample, alpha_prods, alpha_prod_t, *, second: bool, square
     ratio = alpha_t / alpha_s0 if alpha_ratio else sigma_t / sigma_s0
     if ve_ratio:  # the variance-exploding σ = √((1 − ᾱ)/ᾱ) of diffusers' scheduler.sigmas, not the VP σ
         ratio = (sigma_t / alpha_t) / (sigma_s0 / alpha_s0)
-    out = ratio * x + (1.0 if x0_sign else -1.0) * (alpha_t * (torch.exp(-h) - 1.0)) * m0
+    out = ratio * x + (1.0 if x0_sign else -1.0) * ((alpha_s0 if alpha_s_on_x0 else alpha_t) * (torch.exp(-h) - 1.0)) * m0
     if second and not no_d1:
         lam_s1 = _lam(alpha_prods[-2], squared=squared)
         h_0 = lam_s1 - lam_s0 if flipped_h != flipped_h0 else lam_s0 - lam_s1
@@ -371,6 +372,13 @@ def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
                               "adds a positive share of x̂_0.")
 def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
     return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, x0_sign=True)
+
+
+@first_order_update.trap("α_s on the x̂0 term instead of α_t (the step's start, not its target)",
+                         hint="x_t = (σ_t/σ_s)·x_s − α_t·(e^{−h} − 1)·x̂_0: the x̂_0 share is scaled to where the step "
+                              "lands (α_t), so the step onto σ = 0 returns x̂_0 itself.")
+def _(x0_pred, sample, alpha_prod_s, alpha_prod_t):
+    return wrong_update([x0_pred], sample, [alpha_prod_s], alpha_prod_t, second=False, alpha_s_on_x0=True)
 
 
 @first_order_update.trap("α_t/α_s on the sample instead of σ_t/σ_s",

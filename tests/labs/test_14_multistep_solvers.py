@@ -116,6 +116,8 @@ MUTANTS = [
      FIRST_HEAD + "return ((alpha_t / alpha_s) * x - (sigma_t * (torch.exp(h) - 1.0)) * x0_pred).to(sample.dtype)\n",
      "the noise-prediction (DPM-Solver) update fed x̂0"),
     ("first_order_update", FIRST_HEAD + FIRST_TAIL.replace("x - (alpha_t", "x + (alpha_t"), "the x̂0 term's sign flipped"),
+    ("first_order_update", FIRST_HEAD + FIRST_TAIL.replace("x - (alpha_t *", "x - (alpha_s *"),  # a blind learner's
+     "α_s on the x̂0 term instead of α_t"),
     ("first_order_update", FIRST_HEAD + FIRST_TAIL.replace("(sigma_t / sigma_s)", "(alpha_t / alpha_s)"),
      "α_t/α_s on the sample instead of σ_t/σ_s"),
     ("first_order_update",  # the σ ratio upside down
