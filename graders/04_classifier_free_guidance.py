@@ -464,6 +464,23 @@ def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_s
     return guided
 
 
+@guided_noise.trap("the latents doubled sample by sample ([x0, x0, x1, x1, …]) against prompts stacked "
+                   "[negatives; positives]",
+                   hint="The batch halves must line up: torch.cat([latents, latents]) ([x0, x1, …, x0, x1, …]) next to "
+                        "torch.cat([negative_prompt_embeds, prompt_embeds]). repeat_interleave pairs sample 0 with "
+                        "two negatives once the batch has two or more samples.")
+def _(unet, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, guidance_rescale=0.0):
+    if guidance_scale <= 1:
+        return unet(latents, timestep, encoder_hidden_states=prompt_embeds).sample
+    out = unet(latents.repeat_interleave(2, dim=0), timestep,
+               encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+    noise_uncond, noise_text = out.chunk(2)
+    guided = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+    if guidance_rescale > 0:
+        guided = reference_rescale(guided, noise_text, guidance_rescale)
+    return guided
+
+
 @guided_noise.trap("guidance_rescale ignored",
                    hint="When guidance_rescale > 0, pass the guided prediction and the TEXT prediction to "
                         "rescale_guidance before returning.")

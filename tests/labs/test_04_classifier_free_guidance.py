@@ -110,6 +110,19 @@ MUTANTS = [
      return guided
      """,
      "conditioning batch built text-first"),
+    ("guided_noise",  # a blind learner's: the latents doubled with repeat_interleave
+     """
+     if guidance_scale <= 1:
+         return unet(latents, timestep, encoder_hidden_states=prompt_embeds).sample
+     noise = unet(latents.repeat_interleave(2, dim=0), timestep,
+                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
+     noise_uncond, noise_text = noise.chunk(2)
+     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+     if guidance_rescale > 0:
+         guided = rescale_guidance(guided, noise_text, guidance_rescale)
+     return guided
+     """,
+     "the latents doubled sample by sample"),
     ("guided_noise",
      """
      noise = unet(torch.cat([latents, latents]), timestep,
