@@ -6,6 +6,19 @@ from expect import Fails
 
 LAB = "04_classifier_free_guidance"
 
+def guided_body(doubled="torch.cat([latents, latents])",
+                text="torch.cat([negative_prompt_embeds, prompt_embeds])") -> str:
+    """A body for guided_noise's CFG branch (one doubled call, combined, rescaled) with its batch swapped."""
+    return f"""
+noise = unet({doubled}, timestep, encoder_hidden_states={text}).sample
+noise_uncond, noise_text = noise.chunk(2)
+guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
+if guidance_rescale > 0:
+    guided = rescale_guidance(guided, noise_text, guidance_rescale)
+return guided
+"""
+
+
 MUTANTS = [
     # (function, wrong body, the trap the message must name, or Fails(reason, text) when no trap fits)
     ("guidance_combine",
@@ -99,29 +112,11 @@ MUTANTS = [
      return guidance_rescale * r + (1 - guidance_rescale) * noise_cfg
      """,
      Fails("wrong", "values differ")),
-    ("guided_noise",
-     """
-     noise = unet(torch.cat([latents, latents]), timestep,
-                  encoder_hidden_states=torch.cat([prompt_embeds, negative_prompt_embeds])).sample
-     noise_uncond, noise_text = noise.chunk(2)
-     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
-     if guidance_rescale > 0:
-         guided = rescale_guidance(guided, noise_text, guidance_rescale)
-     return guided
-     """,
+    ("guided_noise", guided_body(text="torch.cat([prompt_embeds, negative_prompt_embeds])"),
      "conditioning batch built text-first"),
     ("guided_noise",  # a blind learner's: the latents doubled with repeat_interleave
-     """
-     if guidance_scale <= 1:
-         return unet(latents, timestep, encoder_hidden_states=prompt_embeds).sample
-     noise = unet(latents.repeat_interleave(2, dim=0), timestep,
-                  encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds])).sample
-     noise_uncond, noise_text = noise.chunk(2)
-     guided = guidance_combine(noise_uncond, noise_text, guidance_scale)
-     if guidance_rescale > 0:
-         guided = rescale_guidance(guided, noise_text, guidance_rescale)
-     return guided
-     """,
+     "if guidance_scale <= 1:\n    return unet(latents, timestep, encoder_hidden_states=prompt_embeds).sample\n"
+     + guided_body(doubled="latents.repeat_interleave(2, dim=0)"),
      "the latents doubled sample by sample"),
     ("guided_noise",
      """
